@@ -1,0 +1,102 @@
+#include "cli/cli_util.h"
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "common/env.h"
+#include "common/error.h"
+
+namespace trnflow::cli {
+
+std::atomic<bool> g_interrupted{false};
+
+namespace {
+void OnSignal(int) { g_interrupted = true; }
+}  // namespace
+
+void InstallSignalHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+std::map<std::string, std::string> ParseParams(const std::vector<std::string>& kv) {
+  std::map<std::string, std::string> out;
+  for (const auto& p : kv) {
+    auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UserError("--param " + p + ": expected key=value, e.g. --param tokens=1e10");
+    out[p.substr(0, eq)] = p.substr(eq + 1);
+  }
+  return out;
+}
+
+std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
+                                                const pipelines::LoadOptions& options) {
+  auto result = pipelines::LoadPipelineFile(file, options);
+  std::string text = result.diagnostics.Format();
+  if (!text.empty()) std::cerr << text;
+  if (result.diagnostics.has_errors()) {
+    int n = result.diagnostics.error_count();
+    std::cerr << n << (n == 1 ? " error" : " errors") << " in " << file
+              << "; nothing was submitted\n";
+    return std::nullopt;
+  }
+  return std::move(result.pipeline);
+}
+
+std::unique_ptr<schema::Catalog> OpenCatalog() {
+  auto catalog = std::make_unique<schema::Catalog>(DatabaseUrl());
+  catalog->RequireCurrentSchema();
+  return catalog;
+}
+
+int64_t ParseRunId(const std::string& text) {
+  std::string s = text;
+  if (s.rfind("run-", 0) == 0) s = s.substr(4);
+  try {
+    size_t used = 0;
+    long long id = std::stoll(s, &used);
+    if (used == s.size() && id > 0) return id;
+  } catch (const std::exception&) {
+  }
+  throw UserError("'" + text + "' is not a run id; `trnflow runs` lists them");
+}
+
+std::string Table(const std::vector<std::string>& header,
+                  const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size(), 0);
+  std::vector<bool> right(header.size(), false);
+  std::vector<std::string> head = header;
+  for (size_t i = 0; i < head.size(); ++i) {
+    if (!head[i].empty() && head[i][0] == '>') right[i] = true, head[i] = head[i].substr(1);
+    width[i] = head[i].size();
+  }
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t i = 0; i < width.size(); ++i) {
+      std::string c = i < cells.size() ? cells[i] : "";
+      std::string pad(width[i] - std::min(width[i], c.size()), ' ');
+      out += right[i] ? pad + c : c + (i + 1 < width.size() ? pad : "");
+      if (i + 1 < width.size()) out += "  ";
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out + "\n";
+  };
+  std::string out = line(head);
+  for (const auto& r : rows) out += line(r);
+  return out;
+}
+
+std::string Hours(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", seconds / 3600);
+  return buf;
+}
+
+}  // namespace trnflow::cli

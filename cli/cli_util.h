@@ -1,0 +1,50 @@
+#pragma once
+// Helpers shared by the subcommands: option structs, loading a pipeline with diagnostics,
+// opening the catalog, tables, money and time formatting.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipelines/pipeline.h"
+#include "schema/catalog.h"
+
+namespace trnflow::cli {
+
+inline constexpr double kDefaultSpeed = 7200;  // two simulated hours per wall second
+inline constexpr int64_t kDefaultSeed = 7;
+
+struct RunArgs {
+  std::string file;
+  std::string project;
+  std::vector<std::string> params;  // key=value
+  double speed = kDefaultSpeed;
+  int64_t seed = kDefaultSeed;
+  std::vector<std::string> pools;   // NAME=N overrides
+  std::string format = "table";
+  bool force = false;
+};
+
+// Parses key=value pairs; throws UserError naming the bad one.
+std::map<std::string, std::string> ParseParams(const std::vector<std::string>& kv);
+// Loads and validates; prints diagnostics (errors and warnings) to stderr. nullopt on error.
+std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
+                                                const pipelines::LoadOptions& options);
+// Opens the catalog at TRNFLOW_DATABASE_URL and checks its schema version.
+std::unique_ptr<schema::Catalog> OpenCatalog();
+// "42" -> 42; throws UserError otherwise.
+int64_t ParseRunId(const std::string& text);
+
+// A plain text table: header row, then rows; columns padded to their widest cell. Columns
+// whose header starts with '>' are right-aligned (the '>' is not printed).
+std::string Table(const std::vector<std::string>& header,
+                  const std::vector<std::vector<std::string>>& rows);
+std::string Hours(double seconds);  // "11.80"
+
+// Set by SIGINT/SIGTERM; long-running commands poll it.
+extern std::atomic<bool> g_interrupted;
+void InstallSignalHandlers();
+
+}  // namespace trnflow::cli

@@ -1,0 +1,71 @@
+// trnflow db migrate / worker / scheduler.
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "scheduler/scheduler.h"
+#include "sim/catalog.h"
+#include "workers/worker.h"
+
+namespace trnflow::cli {
+namespace {
+void WaitForSignal() {
+  InstallSignalHandlers();
+  while (!g_interrupted) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+}  // namespace
+
+int CmdDbMigrate() {
+  schema::Catalog catalog(DatabaseUrl());
+  auto report = catalog.Migrate(sim::Catalog::Builtin());
+  std::cout << "catalog " << RedactUrl(catalog.url()) << ": schema version " << report.from_version
+            << " -> " << report.to_version;
+  if (report.applied.empty()) std::cout << " (up to date)";
+  for (const auto& m : report.applied) std::cout << "\n  applied " << m;
+  std::cout << "\n";
+  return kExitOk;
+}
+
+int CmdWorker(const std::vector<std::string>& pool_args, double lease_s) {
+  workers::WorkerOptions o;
+  o.database_url = DatabaseUrl();
+  o.home = HomeDir();
+  o.lease_s = lease_s;
+  o.heartbeat_s = std::max(0.2, lease_s / 5);
+  for (const auto& p : pool_args) {
+    auto eq = p.find('=');
+    int n = 0;
+    if (eq != std::string::npos) try {
+        n = std::stoi(p.substr(eq + 1));
+      } catch (const std::exception&) {
+      }
+    if (eq == std::string::npos || eq == 0 || n <= 0)
+      throw UserError("--pool " + p + ": expected NAME=N with N instances, e.g. --pool trn1=4");
+    o.pools.push_back({p.substr(0, eq), n});
+  }
+  if (o.pools.empty()) throw UserError("give at least one --pool NAME=N, e.g. --pool cpu=4");
+  OpenCatalog();  // fail fast, exit 3, when the catalog is unusable
+  workers::Worker worker(o);
+  worker.Start();
+  WaitForSignal();
+  Logger("workers")->info("signal received: stopping (grace {:.0f}s)", o.shutdown_grace_s);
+  worker.Stop();
+  return kExitOk;
+}
+
+int CmdScheduler() {
+  OpenCatalog();
+  scheduler::SchedulerOptions o;
+  o.database_url = DatabaseUrl();
+  scheduler::Scheduler s(o);
+  s.Start();
+  WaitForSignal();
+  s.Stop();
+  return kExitOk;
+}
+
+}  // namespace trnflow::cli

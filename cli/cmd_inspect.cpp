@@ -1,0 +1,247 @@
+// trnflow validate / plan / runs / show / logs / instances: commands that read.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "pipelines/plan.h"
+#include "sim/catalog.h"
+
+namespace trnflow::cli {
+namespace {
+
+double Usd(const Money& m) { return static_cast<double>(m.micros()) / 1e6; }
+
+std::string InstanceCell(const std::string& type, int count) {
+  return type + (count > 1 ? " x" + std::to_string(count) : "");
+}
+
+}  // namespace
+
+int CmdValidate(const std::vector<std::string>& files) {
+  int bad = 0;
+  for (const auto& f : files) {
+    auto r = pipelines::LoadPipelineFile(f, {});
+    std::cerr << r.diagnostics.Format();
+    if (r.diagnostics.has_errors()) {
+      ++bad;
+      int n = r.diagnostics.error_count();
+      std::cerr << n << (n == 1 ? " error" : " errors") << " in " << f << "\n";
+    } else {
+      std::cout << f << ": ok (" << r.pipeline->stages.size() << " stages)\n";
+    }
+  }
+  return bad ? kExitBadInput : kExitOk;
+}
+
+int CmdPlan(const RunArgs& a) {
+  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
+  auto pipeline = LoadOrReport(a.file, lo);
+  if (!pipeline) return kExitBadInput;
+  pipelines::Plan plan = pipelines::MakePlan(*pipeline);
+  std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
+  return kExitOk;
+}
+
+int CmdRuns(const std::string& project, const std::string& state, int limit,
+            const std::string& format) {
+  auto catalog = OpenCatalog();
+  auto runs = catalog->ListRuns(project, state, limit);
+  if (format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : runs)
+      out.push_back({{"run_id", std::to_string(r.id)},
+                     {"project", r.project},
+                     {"pipeline", r.pipeline},
+                     {"state", r.state},
+                     {"created_at", r.created_at},
+                     {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(r.finished_at)},
+                     {"cost_usd", Usd(r.cost)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : runs)
+    rows.push_back({std::to_string(r.id), r.pipeline, r.project, r.state, r.created_at,
+                    r.cost.ToDollars()});
+  if (rows.empty()) {
+    std::cout << "no runs" << (project.empty() ? "" : " in project " + project) << "\n";
+    return kExitOk;
+  }
+  std::cout << Table({">RUN", "PIPELINE", "PROJECT", "STATE", "CREATED", ">COST"}, rows);
+  return kExitOk;
+}
+
+int CmdShow(const std::string& run_text, const std::string& stage_filter,
+            const std::string& format) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  auto run = catalog->GetRun(run_id);
+  if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  auto stages = catalog->GetStages(run_id);
+  auto attempts = catalog->GetAttempts(run_id);
+  if (!stage_filter.empty()) {
+    bool found = false;
+    for (const auto& s : stages) found = found || s.name == stage_filter;
+    if (!found) throw UserError("run " + run_text + " has no stage '" + stage_filter + "'");
+  }
+  if (format == "json") {
+    nlohmann::json js = nlohmann::json::array();
+    for (const auto& s : stages) {
+      if (!stage_filter.empty() && s.name != stage_filter) continue;
+      nlohmann::json ja = nlohmann::json::array();
+      for (const auto& a : attempts) {
+        if (a.stage_id != s.id) continue;
+        ja.push_back({{"attempt", a.attempt},
+                      {"outcome", a.outcome.empty() ? nlohmann::json(nullptr)
+                                                    : nlohmann::json(a.outcome)},
+                      {"worker", a.worker},
+                      {"instance_type", a.instance_type},
+                      {"instance_count", a.instance_count},
+                      {"market", a.market},
+                      {"price_usd_hour", Usd(a.price_per_hour)},
+                      {"started_at", a.started_at},
+                      {"finished_at", a.finished_at},
+                      {"sim_hours", a.sim_seconds / 3600},
+                      {"billed_seconds", a.billed_seconds},
+                      {"cost_usd", Usd(a.cost)},
+                      {"wasted_usd", Usd(a.wasted)},
+                      {"saved_usd", Usd(a.saved)},
+                      {"progress_from", a.progress_from},
+                      {"progress_to", a.progress_to},
+                      {"message", a.message}});
+      }
+      js.push_back({{"name", s.name},
+                    {"kind", s.kind},
+                    {"state", s.state},
+                    {"instance_type", s.instance_type},
+                    {"instance_count", s.instance_count},
+                    {"market", s.market},
+                    {"needs", s.needs},
+                    {"cost_usd", Usd(s.cost)},
+                    {"attempts", ja}});
+    }
+    nlohmann::json out = {
+        {"run",
+         {{"run_id", std::to_string(run->id)},
+          {"project", run->project},
+          {"pipeline", run->pipeline},
+          {"state", run->state},
+          {"speed", run->speed},
+          {"seed", run->seed},
+          {"created_at", run->created_at},
+          {"finished_at", run->finished_at.empty() ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(run->finished_at)},
+          {"cost_usd", Usd(run->cost)}}},
+        {"stages", js}};
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project
+            << "  " << run->state << "  created " << run->created_at
+            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
+            << run->cost.ToDollars() << "\n\n";
+  if (stage_filter.empty()) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& s : stages)
+      rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
+                      InstanceCell(s.instance_type, s.instance_count), s.market,
+                      Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars()});
+    std::cout << Table({"STAGE", "KIND", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS",
+                        ">COST"},
+                       rows);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : stages) {
+    if (s.name != stage_filter) continue;
+    std::cout << "stage " << s.name << " (" << s.kind << ")  " << s.state << "\n\n";
+    for (const auto& a : attempts) {
+      if (a.stage_id != s.id) continue;
+      rows.push_back({std::to_string(a.attempt), a.outcome.empty() ? "running" : a.outcome,
+                      a.worker, InstanceCell(a.instance_type, a.instance_count), a.market,
+                      a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(),
+                      a.wasted.ToDollars(), a.message});
+    }
+  }
+  std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
+                      ">SIM HOURS", ">COST", ">WASTED", "WHY"},
+                     rows);
+  return kExitOk;
+}
+
+int CmdLogs(const std::string& run_text, const std::string& stage) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
+  int shown = 0;
+  for (const auto& s : catalog->GetStages(run_id)) {
+    if (!stage.empty() && s.name != stage) continue;
+    for (int a = 1; a <= s.attempts; ++a) {
+      fs::path p = dir / (s.name + ".attempt-" + std::to_string(a) + ".log");
+      std::ifstream in(p);
+      if (!in) continue;
+      std::cout << "==> " << s.name << " attempt " << a << " (" << p.string() << ") <==\n"
+                << in.rdbuf() << "\n";
+      ++shown;
+    }
+  }
+  if (!shown)
+    std::cout << "no captured output" << (stage.empty() ? "" : " for stage " + stage)
+              << " (only run: stages write logs, under " << dir.string() << ")\n";
+  return kExitOk;
+}
+
+int CmdInstances(const std::string& format) {
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  if (format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& t : hw.instances())
+      out.push_back({{"name", t.name},
+                     {"family", t.family},
+                     {"pool", t.pool},
+                     {"accelerator", t.accelerator},
+                     {"chips", t.chips},
+                     {"cores_per_chip", t.cores_per_chip},
+                     {"hbm_gib_per_chip", t.hbm_gib_per_chip},
+                     {"hbm_gbps_per_chip", t.hbm_gbps_per_chip},
+                     {"bf16_tflops_per_chip", t.bf16_tflops_per_chip},
+                     {"fp8_tflops_per_chip", t.fp8_tflops_per_chip},
+                     {"vcpus", t.vcpus},
+                     {"memory_gib", t.memory_gib},
+                     {"network_gbps", t.network_gbps},
+                     {"on_demand_usd_hour", Usd(t.on_demand_per_hour)},
+                     {"spot_usd_hour", Usd(t.spot_per_hour)},
+                     {"spot_interruption_bucket", t.spot_interruption_bucket},
+                     {"prices_as_of", hw.prices_as_of()},
+                     {"sources", t.sources}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  for (const auto& t : hw.instances())
+    rows.push_back({t.name, t.pool, std::to_string(t.chips),
+                    t.cores_per_chip ? std::to_string(t.chips * t.cores_per_chip) : "-",
+                    num(t.hbm_gib()), num(t.chips * t.bf16_tflops_per_chip),
+                    std::to_string(t.vcpus), t.on_demand_per_hour.ToDollars(),
+                    t.spot_per_hour.ToDollars(), t.spot_interruption_bucket});
+  std::cout << Table({"INSTANCE", "POOL", ">CHIPS", ">CORES", ">HBM GiB", ">BF16 TFLOPS",
+                      ">VCPUS", ">ON-DEMAND/H", ">SPOT/H", "INTERRUPTS"},
+                     rows)
+            << "\nprices as of " << hw.prices_as_of()
+            << " (us-east-1, Linux); sources per figure: trnflow instances --format json\n";
+  return kExitOk;
+}
+
+}  // namespace trnflow::cli

@@ -1,0 +1,211 @@
+// trnflow run / submit / watch, and the live progress view they share.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "scheduler/scheduler.h"
+#include "workers/worker.h"
+
+namespace trnflow::cli {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+std::string StageLine(const schema::StageRow& s, size_t name_width) {
+  std::string inst = s.instance_type + (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "");
+  double cost = s.cost.usd() + s.running_cost_usd;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  attempt %-2d  $%.2f",
+                static_cast<int>(name_width), s.name.c_str(), s.state.c_str(), inst.c_str(),
+                s.market.c_str(), s.attempts, cost);
+  return buf;
+}
+
+// Follows a run until it ends (or the user interrupts). On a terminal: one line per stage,
+// redrawn in place. Otherwise: one log line per state change.
+void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>& interrupted) {
+  bool tty = isatty(STDOUT_FILENO);
+  auto start = Steady::now();
+  std::map<int64_t, std::string> last_state;
+  size_t drawn = 0;
+  while (true) {
+    auto run = catalog.GetRun(run_id);
+    auto stages = catalog.GetStages(run_id);
+    size_t width = 5;
+    for (const auto& s : stages) width = std::max(width, s.name.size());
+    double t = std::chrono::duration<double>(Steady::now() - start).count();
+    if (tty) {
+      std::string frame;
+      if (drawn) frame += "\x1b[" + std::to_string(drawn) + "A";
+      for (const auto& s : stages) frame += "\x1b[2K" + StageLine(s, width) + "\n";
+      Money total;
+      double running = 0;
+      for (const auto& s : stages) total += s.cost, running += s.running_cost_usd;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "\x1b[2K  run %lld %s  %.1fs  $%.2f so far\n",
+                    static_cast<long long>(run_id), run ? run->state.c_str() : "?", t,
+                    total.usd() + running);
+      frame += buf;
+      std::cout << frame << std::flush;
+      drawn = stages.size() + 1;
+    } else {
+      for (const auto& s : stages) {
+        auto& prev = last_state[s.id];
+        if (prev == s.state) continue;
+        prev = s.state;
+        char buf[512];
+        std::string detail;
+        if (s.state == "running")
+          detail = " (attempt " + std::to_string(s.attempts) + " on " + s.instance_type +
+                   (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "") + ", " +
+                   s.market + ")";
+        else if (s.state == "succeeded" || s.state == "failed" || s.state == "retry_wait")
+          detail = " (" + s.cost.ToDollars() + " so far)";
+        std::snprintf(buf, sizeof buf, "[%6.1fs] %s: %s%s\n", t, s.name.c_str(), s.state.c_str(),
+                      detail.c_str());
+        std::cout << buf;
+      }
+      std::cout << std::flush;
+    }
+    if (!run || run->state != "running" || interrupted) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 200 : 100));
+  }
+}
+
+std::vector<workers::PoolConfig> PoolsFor(const pipelines::Pipeline& p,
+                                         const std::vector<std::string>& overrides) {
+  // Enough capacity in each pool used by the pipeline to run its widest fan-out at once.
+  std::map<std::string, int> cap;
+  for (const auto& s : p.stages) cap[s.pool] = std::max({cap[s.pool], 16, s.spec.count});
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos) throw UserError("--pool " + o + ": expected NAME=N, e.g. trn1=4");
+    int n = 0;
+    try {
+      n = std::stoi(o.substr(eq + 1));
+    } catch (const std::exception&) {
+    }
+    if (n <= 0) throw UserError("--pool " + o + ": N must be a positive number of instances");
+    cap[o.substr(0, eq)] = n;
+  }
+  std::vector<workers::PoolConfig> pools;
+  for (const auto& [name, n] : cap) pools.push_back({name, n});
+  return pools;
+}
+
+schema::SubmitOptions SubmitOptionsFor(const RunArgs& a) {
+  if (!(a.speed > 0)) throw UserError("--speed must be a positive number");
+  schema::SubmitOptions o;
+  o.project = a.project;
+  o.speed = a.speed;
+  o.seed = a.seed;
+  o.workdir = std::filesystem::current_path().string();
+  return o;
+}
+
+}  // namespace
+
+void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
+  auto run = catalog.GetRun(run_id);
+  auto stages = catalog.GetStages(run_id);
+  std::vector<std::vector<std::string>> rows;
+  Money total;
+  int64_t billed = 0;
+  for (const auto& s : stages) {
+    rows.push_back({s.name, s.state, std::to_string(s.attempts),
+                    s.instance_type + " x" + std::to_string(s.instance_count), s.market,
+                    Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars()});
+    total += s.cost;
+    billed += s.billed_seconds;
+  }
+  rows.push_back({"total", "", "", "", "", "", total.ToDollars()});
+  std::cout << "\n"
+            << Table({"STAGE", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS", ">COST"},
+                     rows);
+  if (run)
+    std::cout << "\nrun " << run->id << " " << run->state << " (pipeline " << run->pipeline
+              << ", project " << run->project << ") in " << Hours(0).substr(0, 0)
+              << static_cast<int>(run->wall_seconds + 0.5) << "s wall; see `trnflow show "
+              << run->id << "`\n";
+}
+
+int CmdRun(const RunArgs& a) {
+  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
+  auto pipeline = LoadOrReport(a.file, lo);
+  if (!pipeline) return kExitBadInput;
+  auto opts = SubmitOptionsFor(a);
+  auto pools = PoolsFor(*pipeline, a.pools);
+  auto catalog = OpenCatalog();
+  int64_t run_id = catalog->SubmitRun(*pipeline, opts);
+  std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
+            << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
+            << ", speed " << opts.speed << "x, seed " << opts.seed << ")\n"
+            << std::flush;
+
+  InstallSignalHandlers();
+  scheduler::SchedulerOptions so;
+  so.database_url = DatabaseUrl();
+  so.tick_s = 0.1;
+  so.promote_every_s = 0.2;
+  so.seed = static_cast<uint64_t>(a.seed);
+  scheduler::Scheduler sched(so);
+  workers::WorkerOptions wo;
+  wo.database_url = DatabaseUrl();
+  wo.home = HomeDir();
+  wo.pools = pools;
+  wo.poll_s = 0.5;
+  workers::Worker worker(wo);
+  sched.Start();
+  worker.Start();
+  FollowRun(*catalog, run_id, g_interrupted);
+  worker.Stop();
+  sched.Stop();
+  if (g_interrupted) {
+    std::cout << "\ninterrupted: run " << run_id
+              << " is still running in the catalog; its stages were handed back. Continue it "
+                 "with `trnflow worker` and `trnflow scheduler`, or `trnflow watch "
+              << run_id << "`.\n";
+    return kExitRunFailed;
+  }
+  PrintRunSummary(*catalog, run_id);
+  auto run = catalog->GetRun(run_id);
+  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+}
+
+int CmdSubmit(const RunArgs& a) {
+  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
+  auto pipeline = LoadOrReport(a.file, lo);
+  if (!pipeline) return kExitBadInput;
+  auto opts = SubmitOptionsFor(a);
+  auto catalog = OpenCatalog();
+  int64_t run_id = catalog->SubmitRun(*pipeline, opts);
+  if (a.format == "json")
+    std::cout << nlohmann::json{{"run_id", std::to_string(run_id)}}.dump() << "\n";
+  else
+    std::cout << run_id << "\n";
+  return kExitOk;
+}
+
+int CmdWatch(const std::string& run_text) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  InstallSignalHandlers();
+  FollowRun(*catalog, run_id, g_interrupted);
+  if (g_interrupted) return kExitOk;
+  PrintRunSummary(*catalog, run_id);
+  auto run = catalog->GetRun(run_id);
+  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+}
+
+}  // namespace trnflow::cli

@@ -1,0 +1,27 @@
+#pragma once
+// One function per subcommand; each returns the process exit code (INTERFACES.md) and may
+// throw UserError (exit 2) or CatalogUnavailable (exit 3), which main() reports.
+#include <string>
+#include <vector>
+
+#include "cli/cli_util.h"
+
+namespace trnflow::cli {
+
+int CmdValidate(const std::vector<std::string>& files);
+int CmdPlan(const RunArgs& args);
+int CmdRun(const RunArgs& args);
+int CmdSubmit(const RunArgs& args);
+int CmdWatch(const std::string& run);
+int CmdRuns(const std::string& project, const std::string& state, int limit,
+            const std::string& format);
+int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
+int CmdLogs(const std::string& run, const std::string& stage);
+int CmdInstances(const std::string& format);
+int CmdDbMigrate();
+int CmdWorker(const std::vector<std::string>& pools, double lease_s);
+int CmdScheduler();
+
+void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
+
+}  // namespace trnflow::cli

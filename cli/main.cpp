@@ -1,0 +1,129 @@
+// trnflow: the command line. Parses arguments and hands each subcommand to its function;
+// maps errors to the exit codes of INTERFACES.md.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "common/log.h"
+
+using namespace trnflow;
+using namespace trnflow::cli;
+
+namespace {
+
+void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
+  cmd->add_option("FILE", a.file, "pipeline YAML file")->required();
+  cmd->add_option("--project", a.project, "project to charge (overrides the file's project:)");
+  cmd->add_option("--param", a.params, "override a parameter: --param key=value (repeatable)");
+  if (execution) {
+    cmd->add_option("--speed", a.speed,
+                    "simulated seconds per wall second (default 7200: two hours a second)");
+    cmd->add_option("--seed", a.seed, "seed of the simulated spot market (default 7)");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"trnflow: batch ML pipelines on (simulated) AWS Trainium and Inferentia"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "trnflow 0.1.0");
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (or TRNFLOW_LOG)");
+
+  RunArgs run_args, submit_args, plan_args;
+  auto* run = app.add_subcommand("run", "submit a pipeline, execute it in this process, wait");
+  AddRunOptions(run, run_args, true);
+  run->add_option("--pool", run_args.pools, "pool capacity in instances: NAME=N (repeatable)");
+  run->add_flag("--force", run_args.force, "override budget admission");
+
+  auto* submit = app.add_subcommand("submit", "submit a pipeline for the daemons to execute");
+  AddRunOptions(submit, submit_args, true);
+  submit->add_option("--format", submit_args.format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+
+  std::vector<std::string> validate_files;
+  auto* validate = app.add_subcommand("validate", "check pipeline files; writes nothing");
+  validate->add_option("FILE", validate_files, "pipeline YAML files")->required();
+
+  auto* plan = app.add_subcommand("plan", "estimate time and cost per stage");
+  AddRunOptions(plan, plan_args, false);
+  plan->add_option("--format", plan_args.format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+
+  std::string runs_project, runs_state, runs_format = "table";
+  int runs_limit = 50;
+  auto* runs = app.add_subcommand("runs", "list runs, newest first");
+  runs->add_option("--project", runs_project, "only this project");
+  runs->add_option("--state", runs_state, "only runs in this state")
+      ->check(CLI::IsMember({"running", "succeeded", "failed", "cancelled"}));
+  runs->add_option("--limit", runs_limit, "at most this many (default 50)");
+  runs->add_option("--format", runs_format, "table or json")->check(CLI::IsMember({"table", "json"}));
+
+  std::string show_run, show_stage, show_format = "table";
+  auto* show = app.add_subcommand("show", "one run: stages, attempts, costs");
+  show->add_option("RUN", show_run, "run id")->required();
+  show->add_option("--stage", show_stage, "list every attempt of this stage");
+  show->add_option("--format", show_format, "table or json")->check(CLI::IsMember({"table", "json"}));
+
+  std::string watch_run;
+  auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
+  watch->add_option("RUN", watch_run, "run id")->required();
+
+  std::string logs_run, logs_stage;
+  auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
+  logs->add_option("RUN", logs_run, "run id")->required();
+  logs->add_option("STAGE", logs_stage, "only this stage");
+
+  std::string instances_format = "table";
+  auto* instances = app.add_subcommand("instances", "the hardware catalog with prices");
+  instances->add_option("--format", instances_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+
+  auto* db = app.add_subcommand("db", "catalog administration");
+  db->require_subcommand(1);
+  auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
+
+  std::vector<std::string> worker_pools;
+  double lease_s = 15;
+  auto* worker = app.add_subcommand("worker", "worker daemon: claims and runs stages");
+  worker->add_option("--pool", worker_pools, "pool capacity in instances: NAME=N (repeatable)")
+      ->required();
+  worker->add_option("--lease", lease_s, "lease length in seconds (default 15)");
+
+  auto* sched = app.add_subcommand("scheduler", "scheduler daemon (several may run; one leads)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  }
+  bool daemon = worker->parsed() || sched->parsed();
+  SetupLogging(daemon && log_level == "warn" ? "info" : log_level);
+  try {
+    if (run->parsed()) return CmdRun(run_args);
+    if (submit->parsed()) return CmdSubmit(submit_args);
+    if (validate->parsed()) return CmdValidate(validate_files);
+    if (plan->parsed()) return CmdPlan(plan_args);
+    if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
+    if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
+    if (watch->parsed()) return CmdWatch(watch_run);
+    if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
+    if (instances->parsed()) return CmdInstances(instances_format);
+    if (migrate->parsed()) return CmdDbMigrate();
+    if (worker->parsed()) return CmdWorker(worker_pools, lease_s);
+    if (sched->parsed()) return CmdScheduler();
+  } catch (const UserError& e) {
+    std::cerr << "trnflow: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const CatalogUnavailable& e) {
+    std::cerr << "trnflow: error: " << e.what() << "\n";
+    return kExitNoCatalog;
+  } catch (const std::exception& e) {
+    std::cerr << "trnflow: internal error: " << e.what() << "\n";
+    return kExitRunFailed;
+  }
+  return kExitBadInput;
+}

@@ -1,0 +1,16 @@
+#pragma once
+// Durations as users write them: "30s", "10m", "2h", "1h30m", "3d", or a bare number of
+// seconds. Simulated and wall durations are both plain seconds (double).
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace trnflow {
+
+// Returns nullopt for anything that is not a positive, finite duration.
+std::optional<double> ParseDuration(std::string_view text);
+
+// "1h30m", "45s", "2d3h"; rounds to whole seconds.
+std::string FormatDuration(double seconds);
+
+}  // namespace trnflow

@@ -1,0 +1,24 @@
+#pragma once
+// Error types that abort a whole operation, and the process exit codes of INTERFACES.md.
+// Expected failures (bad YAML, a failed stage, a missing row) are values, not exceptions.
+#include <stdexcept>
+#include <string>
+
+namespace trnflow {
+
+enum ExitCode : int { kExitOk = 0, kExitRunFailed = 1, kExitBadInput = 2, kExitNoCatalog = 3 };
+
+// The catalog cannot be reached (or cannot be used by this binary). what() is one line that
+// names the URL with its password hidden and says how to fix it.
+class CatalogUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad input from a person: an unknown run id, a malformed flag. what() says how to fix it.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace trnflow

@@ -1,0 +1,80 @@
+#pragma once
+// StageSpec is what one stage needs at run time, fully resolved (expressions substituted,
+// matrix expanded, defaults applied). pipelines/ produces it, the catalog stores it as JSON
+// with the stage, workers/ reads it back. It knows nothing of YAML, SQL or threads.
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trnflow {
+
+enum class StageKind { kRun, kTrain, kCompile, kDeploy, kBenchmark };
+enum class Market { kOnDemand, kSpot };
+enum class StageState {
+  kBlocked, kReady, kRunning, kRetryWait, kSucceeded, kCached, kFailed, kSkipped, kCancelled
+};
+enum class Outcome {
+  kSucceeded, kCached, kFailed, kSpotInterruption, kCapacityUnavailable, kLost, kTimeout,
+  kInfraError, kUserError, kCancelled, kBudgetExceeded
+};
+
+std::string_view ToString(StageKind);
+std::string_view ToString(Market);
+std::string_view ToString(StageState);
+std::string_view ToString(Outcome);
+std::optional<StageKind> ParseStageKind(std::string_view);
+std::optional<Market> ParseMarket(std::string_view);
+std::optional<StageState> ParseStageState(std::string_view);
+std::optional<Outcome> ParseOutcome(std::string_view);
+
+// Preemptions are the market taking the instance away; they draw on their own budget.
+bool IsPreemption(Outcome);
+bool IsTerminal(StageState);
+
+struct Backoff {
+  double initial_s = 30;
+  double factor = 2;
+  double max_s = 600;
+};
+
+struct RetryPolicy {
+  int max_attempts = 1;  // attempts allowed for errors (infra_error, timeout, ...)
+  std::vector<Outcome> on = {Outcome::kSpotInterruption, Outcome::kCapacityUnavailable,
+                             Outcome::kLost, Outcome::kInfraError, Outcome::kTimeout};
+  Backoff backoff;
+  int max_interruptions = 6;               // preemption budget
+  std::string then_market = "on-demand";  // after the preemption budget: on-demand | fail
+};
+
+struct CheckpointPolicy {
+  double every_s = 0;  // 0: the stage does not checkpoint
+  bool on_notice = false;
+};
+
+struct CommandSpec {
+  std::vector<std::string> argv;  // for shell: {"<script>"}, run under /bin/sh -c
+  bool shell = false;
+  std::map<std::string, std::string> env;
+};
+
+struct StageSpec {
+  std::string name;
+  StageKind kind = StageKind::kRun;
+  std::string instance;
+  int count = 1;
+  Market market = Market::kOnDemand;
+  CommandSpec command;             // kind run
+  std::string workload_json;      // sim stages: sim::Workload as JSON (see sim/workload.h)
+  RetryPolicy retry;
+  CheckpointPolicy checkpoint;
+  double timeout_s = 0;            // 0: none
+  bool cache = false;
+};
+
+std::string ToJson(const StageSpec&);
+// Throws std::runtime_error on malformed JSON (the catalog only holds what ToJson wrote).
+StageSpec StageSpecFromJson(std::string_view json);
+
+}  // namespace trnflow

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Everything ops/setup.sh does, then the whole test suite (ctest). Exits non-zero on any
+# failure. .ci/run calls this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ops/setup.sh
+echo "== running the tests"
+ctest --test-dir build --output-on-failure --timeout 600 -j 2

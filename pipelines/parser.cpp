@@ -1,0 +1,1011 @@
+// YAML -> Pipeline. Every value is read through a helper that knows its place in the file, so
+// each problem becomes a located diagnostic; parsing goes on after an error to report all.
+#include <openssl/sha.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "common/duration.h"
+#include "pipelines/dag.h"
+#include "pipelines/pipeline.h"
+#include "sim/catalog.h"
+
+namespace trnflow::pipelines {
+namespace {
+
+constexpr size_t kMaxFileBytes = 8 << 20;
+
+Loc At(const YAML::Node& n, Loc fallback = {}) {
+  const YAML::Mark m = n.Mark();
+  if (m.is_null() || m.line < 0) return fallback;
+  return {m.line + 1, m.column + 1};
+}
+
+const std::regex kPipelineName("[a-z0-9][a-z0-9-]{0,62}");
+const std::regex kStageName("[A-Za-z0-9][A-Za-z0-9_-]{0,62}");
+
+std::string Join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// Word splitting for a string command without a shell: whitespace separates, single and
+// double quotes group, nothing is expanded.
+std::optional<std::vector<std::string>> SplitWords(const std::string& s) {
+  std::vector<std::string> words;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;
+  for (char c : s) {
+    if (quote) {
+      if (c == quote) quote = 0;
+      else cur += c;
+    } else if (c == '\'' || c == '"') {
+      quote = c, in_word = true;
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      if (in_word) words.push_back(cur), cur.clear(), in_word = false;
+    } else {
+      cur += c, in_word = true;
+    }
+  }
+  if (quote) return std::nullopt;
+  if (in_word) words.push_back(cur);
+  return words;
+}
+
+struct Scope {
+  const std::map<std::string, std::string>* params = nullptr;
+  const std::map<std::string, std::string>* matrix = nullptr;  // null outside matrix stages
+  std::string stage;
+};
+
+const std::vector<std::string> kRootKeys = {"pipeline", "project",  "description", "params",
+                                            "budget_usd", "simulation", "defaults", "stages"};
+const std::vector<std::string> kCommonStageKeys = {
+    "kind",  "needs", "instance", "count",   "market", "retry",      "checkpoint",
+    "timeout", "cache", "env",    "matrix",  "description"};
+const std::vector<std::string> kDefaultsKeys = {"instance", "count",   "market", "retry",
+                                                "checkpoint", "timeout", "cache",  "env"};
+const std::map<StageKind, std::vector<std::string>> kKindKeys = {
+    {StageKind::kRun, {"run", "shell"}},
+    {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
+    {StageKind::kCompile,
+     {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
+    {StageKind::kDeploy,
+     {"model", "tp_degree", "batch", "input_tokens", "output_tokens", "requests", "duration",
+      "seq_len"}},
+    {StageKind::kBenchmark,
+     {"model", "tp_degree", "batch", "input_tokens", "output_tokens", "requests", "duration",
+      "seq_len"}},
+};
+
+class Parser {
+ public:
+  Parser(const std::string& text, const std::string& file, const LoadOptions& options)
+      : text_(text), options_(options), diags_(file), catalog_(sim::Catalog::Builtin()) {}
+
+  LoadResult Run();
+
+ private:
+  // --- reading values -------------------------------------------------------------------
+  void CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
+                const std::string& what);
+  bool ExpectMap(const YAML::Node& n, const std::string& what);
+  std::optional<std::string> Text(const YAML::Node& n, const std::string& what,
+                                  const Scope& scope);
+  std::optional<double> Number(const YAML::Node& n, const std::string& what, const Scope& scope,
+                               double min, double max);
+  std::optional<int> Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
+                             int min, int max);
+  std::optional<bool> Bool(const YAML::Node& n, const std::string& what, const Scope& scope);
+  std::optional<double> Duration(const YAML::Node& n, const std::string& what,
+                                 const Scope& scope);
+  std::optional<std::string> Interpolate(const std::string& text, Loc loc, const Scope& scope);
+
+  // --- sections ---------------------------------------------------------------------------
+  void ParseParams(const YAML::Node& n);
+  void ParseStages(const YAML::Node& stages);
+  void ParseStage(const std::string& name, Loc name_loc, const YAML::Node& n,
+                  const std::map<std::string, std::string>* matrix);
+  std::optional<sim::Model> ParseModel(const YAML::Node& n, const Scope& scope);
+  void ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out);
+  void ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out);
+  void ResolveNeeds();
+  void InheritModels();
+
+  // A stage field, or the same field from `defaults:`.
+  YAML::Node Field(const YAML::Node& stage, const char* key) const {
+    if (stage[key]) return stage[key];
+    if (defaults_.IsMap() && defaults_[key]) return defaults_[key];
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+
+  const std::string& text_;
+  const LoadOptions& options_;
+  Diagnostics diags_;
+  const sim::Catalog& catalog_;
+  Pipeline p_;
+  YAML::Node defaults_;
+  std::map<std::string, std::vector<std::string>> expansions_;  // base name -> expanded names
+  std::map<std::string, std::vector<std::pair<std::string, Loc>>> raw_needs_;  // expanded name
+  std::set<std::pair<std::pair<int, int>, std::string>> reported_;
+};
+
+bool Parser::ExpectMap(const YAML::Node& n, const std::string& what) {
+  if (n.IsMap()) return true;
+  diags_.Error(At(n), what + " must be a mapping of key: value",
+               "indent the fields of " + what + " under it");
+  return false;
+}
+
+void Parser::CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
+                      const std::string& what) {
+  std::set<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      diags_.Error(At(it->first), "a key in " + what + " must be a plain name");
+      continue;
+    }
+    std::string key = it->first.Scalar();
+    if (!seen.insert(key).second) {
+      diags_.Error(At(it->first), "duplicate key '" + key + "' in " + what,
+                   "each key may appear once; remove or rename one of them");
+      continue;
+    }
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string hint = DidYouMean(key, allowed);
+      if (hint.empty()) hint = "allowed here: " + Join(allowed, ", ");
+      diags_.Error(At(it->first), "unknown field '" + key + "' in " + what, hint);
+    }
+  }
+}
+
+std::optional<std::string> Parser::Interpolate(const std::string& text, Loc loc,
+                                               const Scope& scope) {
+  std::string out;
+  size_t pos = 0;
+  bool ok = true;
+  while (true) {
+    size_t open = text.find("${{", pos);
+    if (open == std::string::npos) {
+      out += text.substr(pos);
+      break;
+    }
+    out += text.substr(pos, open - pos);
+    Loc at{loc.line, loc.col + static_cast<int>(open)};
+    size_t close = text.find("}}", open + 3);
+    if (close == std::string::npos) {
+      diags_.Error(at, "unterminated expression '" + text.substr(open) + "'",
+                   "close it with '}}', as in ${{ params.NAME }}");
+      return std::nullopt;
+    }
+    std::string expr = text.substr(open + 3, close - open - 3);
+    expr.erase(0, expr.find_first_not_of(" \t"));
+    expr.erase(expr.find_last_not_of(" \t") + 1);
+    size_t dot = expr.find('.');
+    std::string ns = expr.substr(0, dot);
+    std::string name = dot == std::string::npos ? "" : expr.substr(dot + 1);
+    if (ns == "params" && scope.params) {
+      auto it = scope.params->find(name);
+      if (it == scope.params->end()) {
+        std::vector<std::string> names;
+        for (const auto& [k, v] : *scope.params) names.push_back(k);
+        std::string hint = DidYouMean(name, names);
+        diags_.Error(at, "unknown parameter '" + name + "' in ${{ " + expr + " }}",
+                     hint.empty() ? "declare it under params: at the top of the file" : hint);
+        ok = false;
+      } else {
+        out += it->second;
+      }
+    } else if (ns == "matrix") {
+      if (!scope.matrix) {
+        diags_.Error(at, "${{ " + expr + " }} is used outside a matrix stage",
+                     "add a matrix: to this stage, or use ${{ params.NAME }}");
+        ok = false;
+      } else if (auto it = scope.matrix->find(name); it == scope.matrix->end()) {
+        std::vector<std::string> names;
+        for (const auto& [k, v] : *scope.matrix) names.push_back(k);
+        std::string hint = DidYouMean(name, names);
+        diags_.Error(at, "unknown matrix key '" + name + "'",
+                     hint.empty() ? "the matrix has: " + Join(names, ", ") : hint);
+        ok = false;
+      } else {
+        out += it->second;
+      }
+    } else if (ns == "run" && (name == "id" || name == "dir")) {
+      out += "${{ run." + name + " }}";  // known only when the run exists
+    } else if (ns == "stage" && name == "name" && !scope.stage.empty()) {
+      out += scope.stage;
+    } else {
+      diags_.Error(at, "unknown expression '${{ " + expr + " }}'",
+                   "expressions are ${{ params.NAME }}, ${{ matrix.NAME }}, ${{ run.id }}, "
+                   "${{ run.dir }} and ${{ stage.name }}");
+      ok = false;
+    }
+    pos = close + 2;
+  }
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& what,
+                                        const Scope& scope) {
+  if (!n.IsScalar()) {
+    diags_.Error(At(n), what + " must be a single value, not a " +
+                            (n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null"));
+    return std::nullopt;
+  }
+  return Interpolate(n.Scalar(), At(n), scope);
+}
+
+std::optional<double> Parser::Number(const YAML::Node& n, const std::string& what,
+                                     const Scope& scope, double min, double max) {
+  auto text = Text(n, what, scope);
+  if (!text) return std::nullopt;
+  const std::string& s = *text;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  bool numeric = !s.empty() && end == s.c_str() + s.size() &&
+                 s.find_first_of("xXpP") == std::string::npos;
+  std::string lower = s;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower.find("nan") != std::string::npos || lower.find("inf") != std::string::npos ||
+      (numeric && !std::isfinite(v)) || errno == ERANGE) {
+    diags_.Error(At(n), what + " must be a finite number, not '" + s + "'");
+    return std::nullopt;
+  }
+  if (!numeric) {
+    diags_.Error(At(n), what + " must be a number, not '" + s + "'",
+                 "write plain or scientific notation, e.g. 2048 or 2.0e10");
+    return std::nullopt;
+  }
+  if (v < min || v > max) {
+    std::ostringstream range;
+    range << what << " must be between " << min << " and " << max << ", not " << s;
+    diags_.Error(At(n), range.str());
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what,
+                                   const Scope& scope, int min, int max) {
+  auto v = Number(n, what, scope, min, max);
+  if (!v) return std::nullopt;
+  if (*v != std::floor(*v)) {
+    diags_.Error(At(n), what + " must be a whole number, not " + n.Scalar());
+    return std::nullopt;
+  }
+  return static_cast<int>(*v);
+}
+
+std::optional<bool> Parser::Bool(const YAML::Node& n, const std::string& what,
+                                 const Scope& scope) {
+  auto text = Text(n, what, scope);
+  if (!text) return std::nullopt;
+  if (*text == "true") return true;
+  if (*text == "false") return false;
+  diags_.Error(At(n), what + " must be true or false, not '" + *text + "'");
+  return std::nullopt;
+}
+
+std::optional<double> Parser::Duration(const YAML::Node& n, const std::string& what,
+                                       const Scope& scope) {
+  auto text = Text(n, what, scope);
+  if (!text) return std::nullopt;
+  auto d = ParseDuration(*text);
+  if (!d) {
+    diags_.Error(At(n), what + " must be a duration, not '" + *text + "'",
+                 "write it like 30s, 10m, 2h or 1h30m");
+    return std::nullopt;
+  }
+  if (*d > 365.0 * 86400) {
+    diags_.Error(At(n), what + " of " + *text + " is longer than a year",
+                 "durations are capped at 365d");
+    return std::nullopt;
+  }
+  return d;
+}
+
+void Parser::ParseParams(const YAML::Node& n) {
+  if (!ExpectMap(n, "params")) return;
+  std::set<std::string> seen;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    std::string key = it->first.Scalar();
+    if (!seen.insert(key).second) {
+      diags_.Error(At(it->first), "duplicate parameter '" + key + "'");
+      continue;
+    }
+    if (!it->second.IsScalar()) {
+      diags_.Error(At(it->second, At(it->first)),
+                   "parameter '" + key + "' must be a single value (number or string)");
+      continue;
+    }
+    p_.params[key] = it->second.Scalar();
+  }
+  for (const auto& [key, value] : options_.params) {
+    if (!p_.params.count(key)) {
+      std::vector<std::string> names;
+      for (const auto& [k, v] : p_.params) names.push_back(k);
+      std::string hint = DidYouMean(key, names);
+      diags_.Error({}, "--param " + key + ": the pipeline has no parameter '" + key + "'",
+                   hint.empty() ? "its parameters: " + Join(names, ", ") : hint);
+      continue;
+    }
+    p_.params[key] = value;
+  }
+}
+
+std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& scope) {
+  if (n.IsScalar()) {
+    auto name = Text(n, "model", scope);
+    if (!name) return std::nullopt;
+    if (const sim::Model* m = catalog_.FindModel(*name)) return *m;
+    std::vector<std::string> names;
+    for (const auto& m : catalog_.models()) names.push_back(m.name);
+    std::string hint = DidYouMean(*name, names);
+    diags_.Error(At(n), "unknown model '" + *name + "'",
+                 hint.empty() ? "known models: " + Join(names, ", ") +
+                                    "; or describe it inline: {name, parameters, layers, hidden}"
+                              : hint);
+    return std::nullopt;
+  }
+  if (!ExpectMap(n, "model")) return std::nullopt;
+  CheckMap(n, {"name", "parameters", "layers", "hidden", "heads", "kv_heads", "vocab", "context",
+               "architecture"},
+           "model");
+  sim::Model m;
+  bool ok = true;
+  for (const char* key : {"name", "parameters", "layers", "hidden"})
+    if (!n[key]) {
+      diags_.Error(At(n), std::string("inline model lacks '") + key + "'",
+                   "an inline model needs name, parameters, layers and hidden");
+      ok = false;
+    }
+  if (!ok) return std::nullopt;
+  auto name = Text(n["name"], "model.name", scope);
+  auto params = Number(n["parameters"], "model.parameters", scope, 1e3, 1e13);
+  auto layers = Integer(n["layers"], "model.layers", scope, 1, 1000);
+  auto hidden = Integer(n["hidden"], "model.hidden", scope, 1, 1 << 20);
+  if (!name || !params || !layers || !hidden) return std::nullopt;
+  m.name = *name;
+  m.parameters = *params;
+  m.layers = *layers;
+  m.hidden = *hidden;
+  m.heads = std::max(1, m.hidden / 128);
+  if (n["heads"])
+    if (auto v = Integer(n["heads"], "model.heads", scope, 1, 4096)) m.heads = *v;
+  m.kv_heads = m.heads;
+  if (n["kv_heads"])
+    if (auto v = Integer(n["kv_heads"], "model.kv_heads", scope, 1, 4096)) m.kv_heads = *v;
+  m.vocab = 32000;
+  if (n["vocab"])
+    if (auto v = Integer(n["vocab"], "model.vocab", scope, 0, 10'000'000)) m.vocab = *v;
+  m.context = 4096;
+  if (n["context"])
+    if (auto v = Integer(n["context"], "model.context", scope, 1, 10'000'000)) m.context = *v;
+  m.architecture = "decoder";
+  if (n["architecture"])
+    if (auto v = Text(n["architecture"], "model.architecture", scope)) m.architecture = *v;
+  return m;
+}
+
+void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out) {
+  if (!ExpectMap(n, "retry")) return;
+  CheckMap(n, {"max_attempts", "on", "backoff", "spot"}, "retry");
+  if (n["max_attempts"])
+    if (auto v = Integer(n["max_attempts"], "retry.max_attempts", scope, 1, 100))
+      out->max_attempts = *v;
+  if (n["on"]) {
+    if (!n["on"].IsSequence()) {
+      diags_.Error(At(n["on"]), "retry.on must be a list of outcomes",
+                   "e.g. on: [spot_interruption, infra_error]");
+    } else {
+      out->on.clear();
+      const std::vector<std::string> retryable = {"spot_interruption", "capacity_unavailable",
+                                                  "lost", "timeout", "infra_error"};
+      for (const auto& o : n["on"]) {
+        auto name = Text(o, "retry.on entry", scope);
+        if (!name) continue;
+        if (std::find(retryable.begin(), retryable.end(), *name) == retryable.end()) {
+          std::string hint = DidYouMean(*name, retryable);
+          diags_.Error(At(o), "'" + *name + "' cannot be retried",
+                       hint.empty() ? "retryable outcomes: " + Join(retryable, ", ") : hint);
+          continue;
+        }
+        out->on.push_back(*ParseOutcome(*name));
+      }
+    }
+  }
+  if (const auto& b = n["backoff"]) {
+    if (ExpectMap(b, "retry.backoff")) {
+      CheckMap(b, {"initial", "factor", "max"}, "retry.backoff");
+      if (b["initial"])
+        if (auto v = Duration(b["initial"], "retry.backoff.initial", scope))
+          out->backoff.initial_s = *v;
+      if (b["factor"])
+        if (auto v = Number(b["factor"], "retry.backoff.factor", scope, 1, 100))
+          out->backoff.factor = *v;
+      if (b["max"])
+        if (auto v = Duration(b["max"], "retry.backoff.max", scope)) out->backoff.max_s = *v;
+    }
+  }
+  if (const auto& s = n["spot"]) {
+    if (ExpectMap(s, "retry.spot")) {
+      CheckMap(s, {"max_interruptions", "then"}, "retry.spot");
+      if (s["max_interruptions"])
+        if (auto v = Integer(s["max_interruptions"], "retry.spot.max_interruptions", scope, 0,
+                             1000))
+          out->max_interruptions = *v;
+      if (s["then"])
+        if (auto v = Text(s["then"], "retry.spot.then", scope)) {
+          if (*v != "on-demand" && *v != "fail")
+            diags_.Error(At(s["then"]), "retry.spot.then must be on-demand or fail, not '" + *v + "'");
+          else
+            out->then_market = *v;
+        }
+    }
+  }
+}
+
+void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out) {
+  if (!ExpectMap(n, "checkpoint")) return;
+  CheckMap(n, {"every", "on_notice"}, "checkpoint");
+  if (n["every"])
+    if (auto v = Duration(n["every"], "checkpoint.every", scope)) out->every_s = *v;
+  if (n["on_notice"])
+    if (auto v = Bool(n["on_notice"], "checkpoint.on_notice", scope)) out->on_notice = *v;
+}
+
+void Parser::ParseStages(const YAML::Node& stages) {
+  if (!ExpectMap(stages, "stages")) return;
+  if (stages.size() == 0) {
+    diags_.Error(At(stages), "the pipeline has no stages", "add at least one under stages:");
+    return;
+  }
+  std::set<std::string> seen;
+  for (auto it = stages.begin(); it != stages.end(); ++it) {
+    Loc name_loc = At(it->first);
+    if (!it->first.IsScalar()) {
+      diags_.Error(name_loc, "a stage name must be a plain name");
+      continue;
+    }
+    std::string name = it->first.Scalar();
+    if (!seen.insert(name).second) {
+      diags_.Error(name_loc, "duplicate stage name '" + name + "'",
+                   "stage names must be unique; rename one of them");
+      continue;
+    }
+    if (!std::regex_match(name, kStageName)) {
+      diags_.Error(name_loc, "invalid stage name '" + name + "'",
+                   "use letters, digits, '-' and '_' (at most 63), starting with a letter or "
+                   "digit");
+      continue;
+    }
+    const YAML::Node& n = it->second;
+    if (!n.IsMap()) {
+      diags_.Error(At(n, name_loc), "stage '" + name + "' must be a mapping of its fields",
+                   "give it at least run: or kind:");
+      continue;
+    }
+    const YAML::Node matrix = n["matrix"];
+    if (!matrix) {
+      ParseStage(name, name_loc, n, nullptr);
+      continue;
+    }
+    // Expand the matrix: one stage per combination, keys sorted, values as listed.
+    if (!matrix.IsMap() || matrix.size() == 0) {
+      diags_.Error(At(matrix, name_loc), "matrix of stage '" + name + "' is empty or not a mapping",
+                   "write matrix: {key: [value, ...]}");
+      continue;
+    }
+    std::map<std::string, std::vector<std::string>> axes;
+    bool ok = true;
+    for (auto m = matrix.begin(); m != matrix.end(); ++m) {
+      std::string key = m->first.Scalar();
+      if (axes.count(key)) {
+        diags_.Error(At(m->first), "duplicate matrix key '" + key + "'");
+        ok = false;
+        continue;
+      }
+      if (!m->second.IsSequence() || m->second.size() == 0) {
+        diags_.Error(At(m->second, At(m->first)),
+                     "matrix key '" + key + "' must be a non-empty list of values");
+        ok = false;
+        continue;
+      }
+      std::set<std::string> values;
+      for (const auto& v : m->second) {
+        if (!v.IsScalar()) {
+          diags_.Error(At(v), "matrix values must be single values");
+          ok = false;
+        } else if (!values.insert(v.Scalar()).second) {
+          diags_.Error(At(v), "duplicate value '" + v.Scalar() + "' in matrix key '" + key + "'");
+          ok = false;
+        } else {
+          axes[key].push_back(v.Scalar());
+        }
+      }
+    }
+    if (!ok) continue;
+    size_t combos = 1;
+    for (const auto& [k, v] : axes) combos *= v.size();
+    if (combos > 10'000) {
+      diags_.Error(At(matrix), "matrix of stage '" + name + "' expands to " +
+                                   std::to_string(combos) + " stages",
+                   "at most 10000 combinations per stage");
+      continue;
+    }
+    std::vector<size_t> idx(axes.size(), 0);
+    for (size_t c = 0; c < combos; ++c) {
+      std::map<std::string, std::string> values;
+      std::string expanded = name + "[";
+      size_t k = 0;
+      for (const auto& [key, vals] : axes) {
+        values[key] = vals[idx[k]];
+        expanded += (k ? "," : "") + key + "=" + vals[idx[k]];
+        ++k;
+      }
+      expanded += "]";
+      expansions_[name].push_back(expanded);
+      ParseStage(expanded, name_loc, n, &values);
+      for (size_t d = axes.size(); d-- > 0;) {  // odometer, last key fastest
+        if (++idx[d] < std::next(axes.begin(), d)->second.size()) break;
+        idx[d] = 0;
+      }
+    }
+  }
+}
+
+void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node& n,
+                        const std::map<std::string, std::string>* matrix) {
+  Scope scope{&p_.params, matrix, name};
+  Stage st;
+  st.spec.name = name;
+  st.base_name = name.substr(0, name.find('['));
+  st.loc = name_loc;
+
+  // Kind: `run:` makes a command stage; otherwise `kind:` names the simulated work.
+  std::optional<StageKind> kind;
+  if (n["kind"]) {
+    if (auto k = Text(n["kind"], "kind", scope)) {
+      kind = ParseStageKind(*k);
+      if (!kind || *kind == StageKind::kRun) {
+        std::vector<std::string> kinds = {"train", "compile", "deploy", "benchmark"};
+        std::string hint = DidYouMean(*k, kinds);
+        diags_.Error(At(n["kind"]), "unknown kind '" + *k + "'",
+                     hint.empty() ? "kinds: train, compile, deploy, benchmark; or give the "
+                                    "stage a run: command"
+                                  : hint);
+        kind.reset();
+      }
+    }
+    if (kind && n["run"]) {
+      diags_.Error(At(n["run"]), "stage '" + st.base_name + "' has both kind: " +
+                                     std::string(ToString(*kind)) + " and run:",
+                   "a stage either runs a command (run:) or simulated work (kind:), not both");
+      return;
+    }
+    if (!kind) return;
+  } else if (n["run"]) {
+    kind = StageKind::kRun;
+  } else {
+    diags_.Error(name_loc, "stage '" + st.base_name + "' has neither run: nor kind:",
+                 "add run: [command, args...] or kind: train|compile|deploy|benchmark");
+    return;
+  }
+  st.spec.kind = *kind;
+  std::vector<std::string> allowed = kCommonStageKeys;
+  const auto& extra = kKindKeys.at(*kind);
+  allowed.insert(allowed.end(), extra.begin(), extra.end());
+  CheckMap(n, allowed, "stage '" + st.base_name + "'");
+
+  // Where it runs.
+  YAML::Node inst = Field(n, "instance");
+  std::string instance = *kind == StageKind::kRun ? "c6i.large" : "";
+  if (inst) {
+    if (auto v = Text(inst, "instance", scope)) instance = *v;
+  } else if (instance.empty()) {
+    diags_.Error(name_loc, "stage '" + st.base_name + "' needs an instance:",
+                 "e.g. instance: trn1.32xlarge (see `trnflow instances`)");
+  }
+  const sim::InstanceType* type = nullptr;
+  if (!instance.empty()) {
+    type = catalog_.FindInstance(instance);
+    if (!type) {
+      std::vector<std::string> names;
+      for (const auto& t : catalog_.instances()) names.push_back(t.name);
+      std::string hint = DidYouMean(instance, names);
+      diags_.Error(At(inst, name_loc), "unknown instance type '" + instance + "'",
+                   hint.empty() ? "see `trnflow instances` for the catalog" : hint);
+    } else {
+      st.spec.instance = instance;
+      st.pool = type->pool;
+    }
+  }
+  if (YAML::Node c = Field(n, "count"))
+    if (auto v = Integer(c, "count", scope, 1, 512)) st.spec.count = *v;
+  if (YAML::Node m = Field(n, "market")) {
+    if (auto v = Text(m, "market", scope)) {
+      if (auto market = ParseMarket(*v)) {
+        st.spec.market = *market;
+      } else {
+        std::string hint = DidYouMean(*v, {"spot", "on-demand"});
+        diags_.Error(At(m), "unknown market '" + *v + "'",
+                     hint.empty() ? "market is spot or on-demand" : hint);
+      }
+    }
+  }
+  // Policies.
+  if (*kind != StageKind::kRun) st.spec.retry.max_attempts = 1;
+  if (YAML::Node r = Field(n, "retry")) ParseRetry(r, scope, &st.spec.retry);
+  if (YAML::Node c = Field(n, "checkpoint")) ParseCheckpoint(c, scope, &st.spec.checkpoint);
+  if (YAML::Node t = Field(n, "timeout"))
+    if (auto v = Duration(t, "timeout", scope)) st.spec.timeout_s = *v;
+  st.spec.cache = *kind == StageKind::kCompile;
+  if (YAML::Node c = Field(n, "cache"))
+    if (auto v = Bool(c, "cache", scope)) st.spec.cache = *v;
+  if (YAML::Node e = Field(n, "env")) {
+    if (ExpectMap(e, "env"))
+      for (auto it = e.begin(); it != e.end(); ++it)
+        if (auto v = Text(it->second, "env." + it->first.Scalar(), scope))
+          st.spec.command.env[it->first.Scalar()] = *v;
+  }
+  // Needs are resolved once every stage is known (matrix expansions included).
+  if (const YAML::Node& needs = n["needs"]) {
+    auto add = [&](const YAML::Node& x) {
+      if (auto v = Text(x, "needs entry", scope)) raw_needs_[name].push_back({*v, At(x)});
+    };
+    if (needs.IsSequence()) {
+      for (const auto& x : needs) add(x);
+    } else if (needs.IsScalar()) {
+      add(needs);
+    } else {
+      diags_.Error(At(needs), "needs must be a list of stage names", "e.g. needs: [train]");
+    }
+  }
+
+  if (*kind == StageKind::kRun) {
+    const YAML::Node& run = n["run"];
+    bool shell = false;
+    if (n["shell"])
+      if (auto v = Bool(n["shell"], "shell", scope)) shell = *v;
+    if (run.IsSequence()) {
+      if (shell)
+        diags_.Error(At(n["shell"]), "shell: true takes a string command, not a list",
+                     "write run: \"cmd arg | other\" or drop shell: true");
+      for (const auto& a : run)
+        if (auto v = Text(a, "run argument", scope)) st.spec.command.argv.push_back(*v);
+      if (run.size() == 0) diags_.Error(At(run), "run: is an empty list", "name the program to run");
+    } else if (run.IsScalar()) {
+      if (auto v = Text(run, "run", scope)) {
+        if (shell) {
+          st.spec.command.argv = {*v};
+          st.spec.command.shell = true;
+        } else if (auto words = SplitWords(*v); !words) {
+          diags_.Error(At(run), "unbalanced quote in run: command");
+        } else if (words->empty()) {
+          diags_.Error(At(run), "run: is empty", "name the program to run");
+        } else {
+          st.spec.command.argv = *words;
+        }
+      }
+    } else {
+      diags_.Error(At(run, name_loc), "run: must be a command: a list of arguments or a string",
+                   "e.g. run: [\"bash\", \"script.sh\"]");
+    }
+    p_.stages.push_back(std::move(st));
+    return;
+  }
+
+  // Simulated work.
+  sim::Workload w;
+  w.kind = *kind;
+  w.model.name.clear();
+  if (n["model"])
+    if (auto m = ParseModel(n["model"], scope)) w.model = *m;
+  auto int_field = [&](const char* key, int min, int max, int* out) {
+    if (n[key])
+      if (auto v = Integer(n[key], key, scope, min, max)) *out = *v;
+  };
+  switch (*kind) {
+    case StageKind::kTrain: {
+      if (!n["model"])
+        diags_.Error(name_loc, "train stage '" + st.base_name + "' needs a model:",
+                     "name a catalog model (e.g. llama-2-7b) or describe one inline");
+      if (!n["tokens"])
+        diags_.Error(name_loc, "train stage '" + st.base_name + "' needs tokens:",
+                     "the number of training tokens, e.g. tokens: 2.0e10");
+      else if (auto v = Number(n["tokens"], "tokens", scope, 1, 1e16))
+        w.tokens = *v;
+      int_field("seq_len", 1, 1 << 22, &w.seq_len);
+      if (const YAML::Node& par = n["parallelism"]; par && ExpectMap(par, "parallelism")) {
+        CheckMap(par, {"tp", "pp"}, "parallelism");
+        if (par["tp"])
+          if (auto v = Integer(par["tp"], "parallelism.tp", scope, 1, 1024)) w.tp = *v;
+        if (par["pp"])
+          if (auto v = Integer(par["pp"], "parallelism.pp", scope, 1, 1024)) w.pp = *v;
+      }
+      break;
+    }
+    case StageKind::kCompile: {
+      if (!n["target"]) {
+        diags_.Error(name_loc, "compile stage '" + st.base_name + "' needs a target:",
+                     "the family that will run the graph: inf2, trn1, trn2 or inf1");
+      } else if (auto v = Text(n["target"], "target", scope)) {
+        const std::vector<std::string> targets = {"inf2", "trn1", "trn2", "inf1"};
+        if (std::find(targets.begin(), targets.end(), *v) == targets.end()) {
+          std::string hint = DidYouMean(*v, targets);
+          diags_.Error(At(n["target"]), "unknown compile target '" + *v + "'",
+                       hint.empty() ? "targets: inf2, trn1, trn2, inf1" : hint);
+        }
+        w.target = *v;
+      }
+      int_field("tp_degree", 1, 128, &w.tp_degree);
+      int_field("batch", 1, 4096, &w.batch);
+      int_field("seq_len", 1, 1 << 22, &w.seq_len);
+      if (n["dtype"])
+        if (auto v = Text(n["dtype"], "dtype", scope)) {
+          const std::vector<std::string> dtypes = {"bf16", "fp16", "fp32", "fp8"};
+          if (std::find(dtypes.begin(), dtypes.end(), *v) == dtypes.end())
+            diags_.Error(At(n["dtype"]), "unknown dtype '" + *v + "'",
+                         DidYouMean(*v, dtypes).empty() ? "dtypes: bf16, fp16, fp32, fp8"
+                                                        : DidYouMean(*v, dtypes));
+          w.dtype = *v;
+        }
+      if (const YAML::Node& f = n["compiler_flags"]) {
+        if (!f.IsSequence())
+          diags_.Error(At(f), "compiler_flags must be a list of strings");
+        else
+          for (const auto& x : f)
+            if (auto v = Text(x, "compiler flag", scope)) w.compiler_flags.push_back(*v);
+      }
+      break;
+    }
+    case StageKind::kDeploy:
+    case StageKind::kBenchmark: {
+      int_field("tp_degree", 1, 128, &w.tp_degree);
+      int_field("batch", 1, 4096, &w.batch);
+      int_field("seq_len", 1, 1 << 22, &w.seq_len);
+      int_field("input_tokens", 1, 1 << 22, &w.input_tokens);
+      int_field("output_tokens", 1, 1 << 22, &w.output_tokens);
+      if (!n["input_tokens"] || !n["output_tokens"])
+        diags_.Error(name_loc, "stage '" + st.base_name + "' needs input_tokens: and output_tokens:",
+                     "the shape of one request, e.g. input_tokens: 512, output_tokens: 256");
+      if (n["requests"] && n["duration"]) {
+        diags_.Error(At(n["duration"]), "give requests: or duration:, not both");
+      } else if (n["requests"]) {
+        if (auto v = Number(n["requests"], "requests", scope, 1, 1e12)) w.requests = *v;
+      } else if (n["duration"]) {
+        if (auto v = Duration(n["duration"], "duration", scope)) w.duration_s = *v;
+      } else {
+        diags_.Error(name_loc, "stage '" + st.base_name + "' needs requests: or duration:",
+                     "how much to serve, e.g. requests: 100000 or duration: 2h");
+      }
+      break;
+    }
+    case StageKind::kRun:
+      break;
+  }
+  st.workload = w;
+  p_.stages.push_back(std::move(st));
+}
+
+void Parser::ResolveNeeds() {
+  std::vector<std::string> names;
+  std::set<std::string> all;
+  for (const auto& s : p_.stages) {
+    all.insert(s.spec.name);
+    if (names.empty() || names.back() != s.base_name) names.push_back(s.base_name);
+  }
+  for (auto& s : p_.stages) {
+    std::set<std::string> seen;
+    for (const auto& [need, loc] : raw_needs_[s.spec.name]) {
+      std::vector<std::string> targets;
+      if (auto e = expansions_.find(need); e != expansions_.end()) {
+        targets = e->second;
+      } else if (all.count(need)) {
+        targets = {need};
+      } else {
+        std::string hint = DidYouMean(need, names);
+        diags_.Error(loc, "stage '" + s.base_name + "' needs unknown stage '" + need + "'",
+                     hint.empty() ? "stages: " + Join(names, ", ") : hint);
+        continue;
+      }
+      if (need == s.base_name || need == s.spec.name) {
+        diags_.Error(loc, "stage '" + s.base_name + "' needs itself",
+                     "remove '" + need + "' from its needs");
+        continue;
+      }
+      for (const auto& t : targets)
+        if (seen.insert(t).second) s.needs.push_back(t);
+    }
+  }
+}
+
+void Parser::InheritModels() {
+  // Compile and deploy stages without a model use the model of a stage they need. Walk in
+  // dependency order so a deploy inherits through its compile stage from the train stage.
+  for (size_t i : TopologicalOrder(p_.stages)) {
+    Stage& s = p_.stages[i];
+    if (!s.workload || !s.workload->model.name.empty()) continue;
+    for (const auto& need : s.needs) {
+      const Stage* from = p_.Find(need);
+      if (from && from->workload && !from->workload->model.name.empty()) {
+        s.workload->model = from->workload->model;
+        break;
+      }
+    }
+    if (s.workload->model.name.empty() && s.spec.kind != StageKind::kTrain)
+      diags_.Error(s.loc, std::string(ToString(s.spec.kind)) + " stage '" + s.base_name +
+                              "' has no model",
+                   "name one with model:, or add the train or compile stage it builds on to "
+                   "its needs");
+  }
+  for (auto& s : p_.stages) {
+    if (!s.workload) continue;
+    if (s.workload->seq_len == 0) s.workload->seq_len = s.workload->model.context;
+    s.spec.workload_json = sim::ToJson(*s.workload);
+  }
+}
+
+LoadResult Parser::Run() {
+  auto done = [&]() {
+    LoadResult r{std::nullopt, std::move(diags_)};
+    if (!r.diagnostics.has_errors()) r.pipeline = std::move(p_);
+    return r;
+  };
+  if (text_.size() > kMaxFileBytes) {
+    diags_.Error({}, "the file is " + std::to_string(text_.size() >> 20) +
+                         " MiB; pipeline files are limited to 8 MiB",
+                 "is this the right file? generate large pipelines with fewer, matrix stages");
+    return done();
+  }
+  if (text_.find('\0') != std::string::npos) {
+    diags_.Error({}, "the file contains NUL bytes: it is not a YAML text file",
+                 "check the path: trnflow expects a pipeline YAML file");
+    return done();
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(text_);
+  } catch (const YAML::ParserException& e) {
+    diags_.Error({e.mark.line + 1, e.mark.column + 1}, "invalid YAML: " + e.msg,
+                 "check the indentation and quoting around this place");
+    return done();
+  } catch (const YAML::Exception& e) {
+    diags_.Error({}, std::string("invalid YAML: ") + e.what());
+    return done();
+  }
+  if (!root.IsMap()) {
+    diags_.Error(At(root, {1, 1}), "a pipeline file must be a mapping with pipeline: and stages:",
+                 "start the file with `pipeline: NAME` and a `stages:` section");
+    return done();
+  }
+  CheckMap(root, kRootKeys, "the pipeline");
+  Scope top{&p_.params, nullptr, ""};
+  if (!root["pipeline"]) {
+    diags_.Error({1, 1}, "missing required field 'pipeline'", "add `pipeline: my-pipeline`");
+  } else if (auto v = Text(root["pipeline"], "pipeline", top)) {
+    if (!std::regex_match(*v, kPipelineName))
+      diags_.Error(At(root["pipeline"]), "invalid pipeline name '" + *v + "'",
+                   "use lowercase letters, digits and '-', starting with a letter or digit");
+    p_.name = *v;
+  }
+  if (root["params"]) ParseParams(root["params"]);
+  else if (!options_.params.empty())
+    for (const auto& [k, v] : options_.params)
+      diags_.Error({}, "--param " + k + ": the pipeline declares no params",
+                   "add a params: section with its default");
+  if (root["description"])
+    if (auto v = Text(root["description"], "description", top)) p_.description = *v;
+  if (!options_.project.empty()) {
+    p_.project = options_.project;
+  } else if (root["project"]) {
+    if (auto v = Text(root["project"], "project", top)) p_.project = *v;
+  } else {
+    diags_.Error({1, 1}, "missing field 'project'",
+                 "add `project: NAME` to the file or pass --project NAME");
+  }
+  if (!p_.project.empty() && !std::regex_match(p_.project, kPipelineName))
+    diags_.Error(root["project"] && options_.project.empty() ? At(root["project"]) : Loc{},
+                 "invalid project name '" + p_.project + "'",
+                 "use lowercase letters, digits and '-', starting with a letter or digit");
+  if (root["budget_usd"])
+    if (auto v = Number(root["budget_usd"], "budget_usd", top, 0.01, 1e9))
+      p_.budget = Money::FromUsd(*v);
+  if (const YAML::Node& sim = root["simulation"]) {
+    if (ExpectMap(sim, "simulation")) {
+      CheckMap(sim, {"spot_rate_multiplier"}, "simulation");
+      if (sim["spot_rate_multiplier"])
+        if (auto v = Number(sim["spot_rate_multiplier"], "simulation.spot_rate_multiplier", top,
+                            0, 1e6))
+          p_.spot_rate_multiplier = *v;
+    }
+  }
+  if (root["defaults"]) {
+    defaults_ = root["defaults"];
+    if (ExpectMap(defaults_, "defaults")) CheckMap(defaults_, kDefaultsKeys, "defaults");
+    else defaults_ = YAML::Node();
+  }
+  if (!root["stages"]) {
+    diags_.Error({1, 1}, "missing required field 'stages'",
+                 "add a stages: mapping of stage name to stage");
+    return done();
+  }
+  ParseStages(root["stages"]);
+  ResolveNeeds();
+  if (auto cycle = FindCycle(p_.stages)) {
+    const Stage* first = p_.Find(cycle->front());
+    diags_.Error(first ? first->loc : Loc{}, "dependency cycle: " + Join(*cycle, " -> "),
+                 "remove one of these needs to break the cycle");
+    return done();
+  }
+  InheritModels();
+  p_.source = text_;
+  p_.spec_hash = Sha256Hex(text_);
+  return done();
+}
+
+}  // namespace
+
+const Stage* Pipeline::Find(const std::string& name) const {
+  for (const auto& s : stages)
+    if (s.spec.name == name) return &s;
+  return nullptr;
+}
+
+LoadResult ParsePipeline(const std::string& text, const std::string& file,
+                         const LoadOptions& options) {
+  Parser parser(text, file, options);
+  LoadResult r = parser.Run();
+  if (r.pipeline) r.pipeline->file = file;
+  return r;
+}
+
+LoadResult LoadPipelineFile(const std::string& path, const LoadOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    Diagnostics d(path);
+    d.Error({}, "cannot read the file", "check the path and its permissions");
+    return {std::nullopt, std::move(d)};
+  }
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, in.gcount());
+    if (text.size() > kMaxFileBytes) break;  // Run() reports the size
+  }
+  return ParsePipeline(text, path, options);
+}
+
+std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
+                                     const std::string& run_dir) {
+  std::string out = text;
+  for (auto [expr, value] : {std::pair<std::string, std::string>{"${{ run.id }}", run_id},
+                             {"${{ run.dir }}", run_dir}}) {
+    for (size_t pos = out.find(expr); pos != std::string::npos;
+         pos = out.find(expr, pos + value.size()))
+      out.replace(pos, expr.size(), value);
+  }
+  return out;
+}
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : digest) out += hex[c >> 4], out += hex[c & 15];
+  return out;
+}
+
+}  // namespace trnflow::pipelines

@@ -1,0 +1,63 @@
+#pragma once
+// Pipeline is a validated pipeline file: every stage resolved to a StageSpec (expressions
+// substituted, matrix expanded, defaults applied, models inherited) with the DAG between
+// them. It knows nothing of threads or SQL; the catalog stores it, workers run its specs.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/money.h"
+#include "common/stage_spec.h"
+#include "pipelines/diagnostics.h"
+#include "sim/workload.h"
+
+namespace trnflow::pipelines {
+
+struct Stage {
+  StageSpec spec;                  // spec.name is the expanded name: "compile[batch=1,seq_len=128]"
+  std::string base_name;           // the name in the file: "compile"
+  std::vector<std::string> needs;  // expanded stage names
+  std::optional<sim::Workload> workload;  // sim stages
+  std::string pool;                // worker pool of the instance type
+  Loc loc;                         // where the stage is defined
+};
+
+struct Pipeline {
+  std::string file;
+  std::string name;
+  std::string project;
+  std::string description;
+  std::optional<Money> budget;
+  double spot_rate_multiplier = 1;
+  std::map<std::string, std::string> params;  // resolved values, as YAML scalar text
+  std::vector<Stage> stages;                  // in file order, matrix expansions in name order
+  std::string source;                         // the file's text
+  std::string spec_hash;                      // sha256 of the source text
+
+  const Stage* Find(const std::string& name) const;
+};
+
+struct LoadOptions {
+  std::map<std::string, std::string> params;  // --param key=value overrides
+  std::string project;                        // --project
+};
+
+struct LoadResult {
+  std::optional<Pipeline> pipeline;  // set only when there are no errors
+  Diagnostics diagnostics;
+};
+
+// Reads and validates a pipeline file. Never throws for bad input: every problem is a
+// diagnostic with its place. Files over 8 MiB or with NUL bytes are refused.
+LoadResult LoadPipelineFile(const std::string& path, const LoadOptions& options);
+LoadResult ParsePipeline(const std::string& text, const std::string& file,
+                         const LoadOptions& options);
+
+// Expressions left for run time (`${{ run.id }}`, `${{ run.dir }}`) substituted in `text`.
+std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
+                                     const std::string& run_dir);
+
+std::string Sha256Hex(std::string_view data);
+
+}  // namespace trnflow::pipelines

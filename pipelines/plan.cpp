@@ -1,0 +1,139 @@
+#include "pipelines/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "pipelines/dag.h"
+#include "sim/perf_model.h"
+
+namespace trnflow::pipelines {
+namespace {
+double Round(double v, int places) {
+  double f = std::pow(10.0, places);
+  return std::round(v * f) / f;
+}
+}  // namespace
+
+Plan MakePlan(const Pipeline& p) {
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  Plan plan;
+  plan.pipeline = p.name;
+  std::map<std::string, double> finish;  // critical path: hours from start to stage end
+  std::map<std::string, size_t> index;
+  for (size_t i : TopologicalOrder(p.stages)) {
+    const Stage& s = p.stages[i];
+    const sim::InstanceType* t = hw.FindInstance(s.spec.instance);
+    StagePlan sp;
+    sp.name = s.spec.name;
+    sp.kind = std::string(ToString(s.spec.kind));
+    sp.instance = s.spec.instance;
+    sp.count = s.spec.count;
+    sp.market = std::string(ToString(s.spec.market));
+    double seconds = 60;  // a run: command's length is unknown: plan its billing minimum
+    if (s.workload && t) {
+      sim::Estimate e = sim::EstimateStage(*s.workload, *t, s.spec.count);
+      seconds = e.seconds;
+      sp.tokens_per_second = e.tokens_per_second;
+      sp.ms_per_token = e.ms_per_token;
+      sp.ttft_ms = e.ttft_ms;
+      if (e.tokens_per_second > 0 && s.spec.kind != StageKind::kTrain) {
+        double usd_per_hour = t->price(s.spec.market == Market::kSpot).usd() * s.spec.count;
+        sp.usd_per_million_tokens = usd_per_hour / (e.tokens_per_second * 3600) * 1e6;
+      }
+    }
+    sp.hours = seconds / 3600;
+    if (t) {
+      sp.cost = Charge(t->price(s.spec.market == Market::kSpot), s.spec.count, seconds);
+      sp.on_demand_cost = Charge(t->on_demand_per_hour, s.spec.count, seconds);
+      if (s.spec.market == Market::kSpot)
+        sp.expected_interruptions = sim::SpotInterruptionsPerHour(*t) * p.spot_rate_multiplier *
+                                    sp.hours * s.spec.count;
+    }
+    double start = 0;
+    for (const auto& n : s.needs) start = std::max(start, finish[n]);
+    finish[s.spec.name] = start + sp.hours;
+    plan.total_hours = std::max(plan.total_hours, finish[s.spec.name]);
+    plan.total_cost += sp.cost;
+    index[s.spec.name] = plan.stages.size();
+    plan.stages.push_back(std::move(sp));
+  }
+  // Present stages in file order, not dependency order.
+  std::vector<StagePlan> ordered;
+  for (const auto& s : p.stages) ordered.push_back(plan.stages[index[s.spec.name]]);
+  plan.stages = std::move(ordered);
+  return plan;
+}
+
+std::string PlanToJson(const Plan& plan) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : plan.stages) {
+    nlohmann::json j = {{"name", s.name},
+                        {"kind", s.kind},
+                        {"instance", s.instance},
+                        {"count", s.count},
+                        {"market", s.market},
+                        {"hours", Round(s.hours, 3)},
+                        {"cost_usd", Round(s.cost.usd(), 2)},
+                        {"on_demand_cost_usd", Round(s.on_demand_cost.usd(), 2)},
+                        {"expected_interruptions", Round(s.expected_interruptions, 3)},
+                        {"cached", s.cached}};
+    if (s.tokens_per_second > 0) j["tokens_per_second"] = Round(s.tokens_per_second, 1);
+    if (s.kind == "deploy" || s.kind == "benchmark") {
+      j["ms_per_token"] = Round(s.ms_per_token, 2);
+      j["ttft_ms"] = Round(s.ttft_ms, 1);
+      j["usd_per_million_tokens"] = Round(s.usd_per_million_tokens, 3);
+    }
+    stages.push_back(std::move(j));
+  }
+  nlohmann::json out = {{"pipeline", plan.pipeline},
+                        {"stages", stages},
+                        {"total_hours", Round(plan.total_hours, 3)},
+                        {"total_cost_usd", Round(plan.total_cost.usd(), 2)}};
+  return out.dump(2) + "\n";
+}
+
+std::string PlanToTable(const Plan& plan) {
+  size_t w = 5;
+  for (const auto& s : plan.stages) w = std::max(w, s.name.size());
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %s\n",
+                static_cast<int>(w), "STAGE", "KIND", "INSTANCE", "MARKET", "HOURS", "COST",
+                "ON-DEMAND", "NOTES");
+  out += line;
+  for (const auto& s : plan.stages) {
+    std::string notes;
+    if (s.expected_interruptions > 0.005) {
+      char b[64];
+      std::snprintf(b, sizeof b, "~%.2f interruptions", s.expected_interruptions);
+      notes = b;
+    }
+    if (s.ms_per_token > 0) {
+      char b[128];
+      std::snprintf(b, sizeof b, "%s%.0f tok/s, %.2f ms/token, $%.3f/M tokens",
+                    notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token,
+                    s.usd_per_million_tokens);
+      notes += b;
+    } else if (s.kind == "train" && s.tokens_per_second > 0) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%s%.0f tok/s", notes.empty() ? "" : "; ", s.tokens_per_second);
+      notes += b;
+    }
+    std::string inst = s.instance + (s.count > 1 ? " x" + std::to_string(s.count) : "");
+    std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8.2f  %10s  %10s  %s\n",
+                  static_cast<int>(w), s.name.c_str(), s.kind.c_str(), inst.c_str(),
+                  s.market.c_str(), s.hours, s.cost.ToDollars().c_str(),
+                  s.on_demand_cost.ToDollars().c_str(), notes.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "total: %s, %.2f hours on the critical path\n",
+                plan.total_cost.ToDollars().c_str(), plan.total_hours);
+  out += line;
+  return out;
+}
+
+}  // namespace trnflow::pipelines

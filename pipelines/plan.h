@@ -1,0 +1,42 @@
+#pragma once
+// The cost plan of a pipeline before anything runs: per stage (matrix expanded) the simulated
+// hours, dollars on the chosen market and on-demand, expected spot interruptions, and what
+// serving stages deliver; totals and the critical path. JSON per PIPELINE-FORMAT.md.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/money.h"
+#include "pipelines/pipeline.h"
+
+namespace trnflow::pipelines {
+
+struct StagePlan {
+  std::string name;
+  std::string kind;
+  std::string instance;
+  int count = 1;
+  std::string market;
+  double hours = 0;
+  Money cost;
+  Money on_demand_cost;
+  double expected_interruptions = 0;
+  bool cached = false;
+  double tokens_per_second = 0;
+  double ms_per_token = 0;
+  double ttft_ms = 0;
+  double usd_per_million_tokens = 0;
+};
+
+struct Plan {
+  std::string pipeline;
+  std::vector<StagePlan> stages;
+  double total_hours = 0;  // the critical path
+  Money total_cost;
+};
+
+Plan MakePlan(const Pipeline& pipeline);
+std::string PlanToJson(const Plan& plan);
+std::string PlanToTable(const Plan& plan);
+
+}  // namespace trnflow::pipelines

@@ -1,0 +1,127 @@
+#include "scheduler/scheduler.h"
+
+#include <chrono>
+#include <random>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/money.h"
+#include "common/retry_policy.h"
+#include "schema/catalog.h"
+
+namespace trnflow::scheduler {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+// One maintenance service: what it does each time it is due, and how often.
+struct Service {
+  Service(const char* n, double every, std::function<void(schema::Catalog&)> body)
+      : name(n), every_s(every), run(std::move(body)), log(Logger(std::string("scheduler.") + n)) {}
+  const char* name;
+  double every_s;
+  std::function<void(schema::Catalog&)> run;
+  std::shared_ptr<spdlog::logger> log;
+  Steady::time_point due = Steady::now();
+};
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  stop_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::Loop() {
+  auto log = Logger("scheduler");
+  std::mt19937_64 rng(options_.seed ? options_.seed : std::random_device{}());
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<Service> services = {
+      {"promoter", options_.promote_every_s,
+       [&](schema::Catalog& c) {
+         if (int n = c.PromoteRetries()) Logger("scheduler.promoter")->debug("promoted={}", n);
+       }},
+      {"rescuer", options_.rescue_every_s,
+       [&](schema::Catalog& c) {
+         int n = c.RescueExpiredLeases([&](const schema::ExpiredLease& e) {
+           RetryDecision d = DecideAfterAttempt(e.spec, e.market, Outcome::kLost, e.errors,
+                                                e.preemptions, unit(rng));
+           schema::AttemptResult r;
+           r.stage_id = e.stage_id;
+           r.attempt = e.attempt;
+           r.lease_owner = e.lease_owner;
+           r.outcome = Outcome::kLost;
+           r.next_state = d.next;
+           r.next_market = d.market;
+           r.retry_in_s = d.retry_in_s;
+           r.sim_seconds = e.sim_seconds;
+           r.billed_seconds = BilledSeconds(e.sim_seconds);
+           r.cost = Charge(e.price_per_hour, e.instance_count, e.sim_seconds);
+           r.wasted = r.cost;  // nothing since the last checkpoint can be trusted
+           r.progress_to = e.progress;
+           r.message = "lease expired: worker stopped heartbeating; " + d.reason;
+           Logger("scheduler.rescuer")
+               ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt,
+                      ToString(d.next));
+           return r;
+         });
+         if (n) Logger("scheduler.rescuer")->info("rescued={}", n);
+       }},
+      {"finisher", options_.finish_every_s,
+       [&](schema::Catalog& c) {
+         for (int64_t id : c.FinishRuns()) Logger("scheduler.finisher")->info("finished run={}", id);
+       }},
+  };
+
+  std::unique_ptr<schema::Catalog> catalog;
+  double backoff_s = 0.1;
+  while (!stop_) {
+    try {
+      if (!catalog) catalog = std::make_unique<schema::Catalog>(options_.database_url);
+      bool lead = catalog->TryAcquireLeadership();
+      if (lead != leader_.exchange(lead))
+        log->info(lead ? "leading" : "standing by: another scheduler leads");
+      if (lead) {
+        auto now = Steady::now();
+        for (auto& s : services) {
+          if (now < s.due) continue;
+          try {
+            s.run(*catalog);
+          } catch (const CatalogUnavailable&) {
+            throw;
+          } catch (const std::exception& e) {
+            s.log->error("tick failed: {}", e.what());
+          }
+          // Jitter keeps several processes' services from ticking in lockstep.
+          double next = s.every_s * (0.9 + 0.2 * unit(rng));
+          s.due = now + std::chrono::duration_cast<Steady::duration>(
+                            std::chrono::duration<double>(next));
+        }
+      }
+      backoff_s = 0.1;
+    } catch (const CatalogUnavailable& e) {
+      if (leader_.exchange(false)) log->warn("lost leadership with the connection");
+      log->warn("{}; retrying in {:.1f}s", e.what(), backoff_s);
+      catalog.reset();
+      auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
+                                       std::chrono::duration<double>(backoff_s));
+      while (!stop_ && Steady::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      backoff_s = std::min(backoff_s * 2, 5.0);
+      continue;
+    } catch (const std::exception& e) {
+      log->error("tick failed: {}", e.what());
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(options_.tick_s));
+  }
+}
+
+}  // namespace trnflow::scheduler

@@ -1,0 +1,646 @@
+#include "schema/catalog.h"
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <unordered_map>
+
+#include "common/embedded.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "pipelines/pipeline.h"
+#include "schema/sql_text.h"
+#include "sim/catalog.h"
+
+namespace trnflow::schema {
+namespace {
+
+constexpr long kMigrationLockKey = 0x74726e01;  // "trn" + 1
+constexpr long kLeaderLockKey = 0x74726e02;
+
+class ReadyReceiver final : public pqxx::notification_receiver {
+ public:
+  ReadyReceiver(pqxx::connection_base& c, int* count)
+      : pqxx::notification_receiver(c, "trnflow_ready"), count_(count) {}
+  void operator()(const std::string&, int) override { ++*count_; }
+
+ private:
+  int* count_;
+};
+
+Money MoneyOf(const pqxx::field& f) {
+  Money m;
+  if (!f.is_null()) Money::Parse(f.as<std::string>(), &m);
+  return m;
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string TextArray(const std::vector<std::string>& v) {
+  std::string out = "{";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + Quote(v[i]);
+  return out + "}";
+}
+
+template <typename T>
+std::string NumberArray(const std::vector<T>& v) {
+  std::string out = "{";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ",";
+    if constexpr (std::is_floating_point_v<T>) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", v[i]);
+      out += buf;
+    } else {
+      out += std::to_string(v[i]);
+    }
+  }
+  return out + "}";
+}
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (!s.empty() && start <= s.size()) {
+    size_t end = s.find(',', start);
+    // Matrix names contain commas inside brackets: split only at depth 0.
+    size_t depth_end = start;
+    int depth = 0;
+    for (depth_end = start; depth_end < s.size(); ++depth_end) {
+      if (s[depth_end] == '[') ++depth;
+      if (s[depth_end] == ']') --depth;
+      if (s[depth_end] == ',' && depth == 0) break;
+    }
+    end = depth_end;
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Catalog::Impl {
+  std::string url;
+  std::unique_ptr<pqxx::connection> conn;
+  std::set<std::string> prepared;
+  std::unique_ptr<ReadyReceiver> receiver;
+  int notifications = 0;
+  bool leader = false;
+
+  void Connect() {
+    receiver.reset();
+    prepared.clear();
+    leader = false;
+    try {
+      conn = std::make_unique<pqxx::connection>(url);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+      why = std::regex_replace(why, std::regex("\n"), " ");
+      throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(url) + ": " + why +
+                               ". Is PostgreSQL running (ops/setup.sh starts it)? Set "
+                               "TRNFLOW_DATABASE_URL to point elsewhere.");
+    }
+  }
+
+  pqxx::connection& C() {
+    if (!conn) Connect();
+    return *conn;
+  }
+
+  // Prepares a named query from schema/queries on first use on this connection.
+  const std::string& Prepare(const std::string& name) {
+    if (!prepared.count(name)) {
+      C().prepare(name, Query(name));
+      prepared.insert(name);
+    }
+    return name;
+  }
+
+  template <typename... Args>
+  pqxx::result Exec(pqxx::transaction_base& tx, const std::string& name, Args&&... args) {
+    return tx.exec_prepared(Prepare(name), std::forward<Args>(args)...);
+  }
+
+  // Runs `body`, turning a lost connection into CatalogUnavailable.
+  template <typename F>
+  auto Guard(F&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (const pqxx::broken_connection& e) {
+      conn.reset();
+      throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
+                               e.what());
+    } catch (const pqxx::sql_error& e) {
+      const std::string& state = e.sqlstate();
+      // 08: connection exception; 57P: operator intervention (server shutting down).
+      if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || !conn || !conn->is_open()) {
+        conn.reset();
+        throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) +
+                                 ": " + e.what());
+      }
+      throw;
+    }
+  }
+
+  std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
+    pqxx::result r = run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids))
+                             : Exec(tx, "FinishRuns", nullptr);
+    std::vector<int64_t> out;
+    for (const auto& row : r) out.push_back(row[0].as<int64_t>());
+    return out;
+  }
+
+  std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results) {
+    std::vector<int64_t> ids, billed, cost, wasted, saved;
+    std::vector<int> attempts;
+    std::vector<std::string> owners, outcomes, states, markets, messages;
+    std::vector<double> retry, sim, progress;
+    std::map<int64_t, int> attempt_of;
+    for (const auto& r : results) {
+      ids.push_back(r.stage_id);
+      attempts.push_back(r.attempt);
+      owners.push_back(r.lease_owner);
+      outcomes.emplace_back(ToString(r.outcome));
+      states.emplace_back(ToString(r.next_state));
+      markets.emplace_back(ToString(r.next_market));
+      retry.push_back(r.retry_in_s);
+      sim.push_back(r.sim_seconds);
+      billed.push_back(r.billed_seconds);
+      cost.push_back(r.cost.micros());
+      wasted.push_back(r.wasted.micros());
+      saved.push_back(r.saved.micros());
+      progress.push_back(r.progress_to);
+      messages.push_back(r.message);
+      attempt_of[r.stage_id] = r.attempt;
+    }
+    pqxx::result done = Exec(
+        tx, "CompleteAttempts", NumberArray(ids), NumberArray(attempts), TextArray(owners),
+        TextArray(outcomes), TextArray(states), TextArray(markets), NumberArray(retry),
+        NumberArray(sim), NumberArray(billed), NumberArray(cost), NumberArray(wasted),
+        NumberArray(saved), NumberArray(progress), TextArray(messages));
+    std::vector<int64_t> succeeded, failed, runs;
+    std::vector<LeaseKey> applied;
+    for (const auto& row : done) {
+      int64_t id = row[0].as<int64_t>();
+      std::string state = row[2].as<std::string>();
+      if (state == "succeeded" || state == "cached") succeeded.push_back(id);
+      if (state == "failed" || state == "cancelled") failed.push_back(id);
+      runs.push_back(row[1].as<int64_t>());
+      applied.push_back({id, attempt_of[id]});
+    }
+    if (!succeeded.empty()) Exec(tx, "ReleaseDependents", NumberArray(succeeded));
+    if (!failed.empty()) Exec(tx, "SkipDescendants", NumberArray(failed));
+    if (!runs.empty()) {
+      std::sort(runs.begin(), runs.end());
+      runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
+      FinishRuns(tx, &runs);
+    }
+    return applied;
+  }
+};
+
+Catalog::Catalog(const std::string& url) : impl_(std::make_unique<Impl>()) {
+  impl_->url = url;
+  impl_->Connect();
+}
+
+Catalog::~Catalog() = default;
+
+const std::string& Catalog::url() const { return impl_->url; }
+
+void Catalog::Reconnect() { impl_->Connect(); }
+
+int Catalog::BinarySchemaVersion() {
+  int latest = 0;
+  for (const auto& m : Migrations()) latest = std::max(latest, m.version);
+  return latest;
+}
+
+MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
+  return impl_->Guard([&] {
+    MigrateReport report;
+    pqxx::connection& c = impl_->C();
+    {
+      pqxx::nontransaction nt(c);
+      nt.exec("SELECT pg_advisory_lock(" + std::to_string(kMigrationLockKey) + ")");
+    }
+    struct Unlock {
+      pqxx::connection& c;
+      ~Unlock() {
+        try {
+          pqxx::nontransaction nt(c);
+          nt.exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrationLockKey) + ")");
+        } catch (...) {  // the lock dies with the session anyway
+        }
+      }
+    } unlock{c};
+    {
+      pqxx::work tx(c);
+      tx.exec(
+          "CREATE SCHEMA IF NOT EXISTS trnflow;"
+          "CREATE TABLE IF NOT EXISTS trnflow.schema_migrations ("
+          "  version int PRIMARY KEY, name text NOT NULL,"
+          "  applied_at timestamptz NOT NULL DEFAULT now())");
+      tx.commit();
+    }
+    {
+      pqxx::work tx(c);
+      report.from_version =
+          tx.exec("SELECT coalesce(max(version), 0) FROM trnflow.schema_migrations")[0][0]
+              .as<int>();
+    }
+    if (report.from_version > BinarySchemaVersion())
+      throw CatalogUnavailable("the catalog at " + RedactUrl(impl_->url) + " has schema version " +
+                               std::to_string(report.from_version) + ", newer than this trnflow (" +
+                               std::to_string(BinarySchemaVersion()) +
+                               "); refusing to touch it. Upgrade trnflow.");
+    for (const auto& m : Migrations()) {
+      if (m.version <= report.from_version) continue;
+      pqxx::work tx(c);
+      tx.exec(m.sql);
+      tx.exec_params("INSERT INTO trnflow.schema_migrations (version, name) VALUES ($1, $2)",
+                     m.version, m.name);
+      tx.commit();
+      report.applied.push_back(m.name);
+    }
+    report.to_version = std::max(report.from_version, BinarySchemaVersion());
+    // The hardware catalog ships with the binary; prices get a new row only when they change.
+    pqxx::work tx(c);
+    for (const auto& t : hw.instances()) {
+      nlohmann::json sources(t.sources);
+      impl_->Exec(tx, "UpsertInstanceType", t.name, t.family, t.pool, t.accelerator, t.chips,
+                  t.cores_per_chip, t.hbm_gib_per_chip, t.hbm_gbps_per_chip,
+                  t.bf16_tflops_per_chip, t.fp8_tflops_per_chip, t.vcpus, t.memory_gib,
+                  t.network_gbps, t.spot_interruption_bucket, sources.dump());
+      impl_->Exec(tx, "InsertPriceIfChanged", t.name, hw.prices_as_of(),
+                  t.on_demand_per_hour.ToDecimal(), t.spot_per_hour.ToDecimal());
+    }
+    tx.commit();
+    return report;
+  });
+}
+
+void Catalog::RequireCurrentSchema() {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto exists = tx.exec("SELECT to_regclass('trnflow.schema_migrations') IS NOT NULL")[0][0]
+                      .as<bool>();
+    int version = exists ? tx.exec("SELECT coalesce(max(version), 0) FROM "
+                                   "trnflow.schema_migrations")[0][0]
+                               .as<int>()
+                         : 0;
+    if (version < BinarySchemaVersion())
+      throw CatalogUnavailable("the catalog at " + RedactUrl(impl_->url) +
+                               " is at schema version " + std::to_string(version) +
+                               "; this trnflow needs " + std::to_string(BinarySchemaVersion()) +
+                               ". Run `trnflow db migrate`.");
+    if (version > BinarySchemaVersion())
+      throw CatalogUnavailable("the catalog at " + RedactUrl(impl_->url) + " is at schema version " +
+                               std::to_string(version) + ", newer than this trnflow (" +
+                               std::to_string(BinarySchemaVersion()) + "). Upgrade trnflow.");
+  });
+}
+
+int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::string project = o.project.empty() ? p.project : o.project;
+    impl_->Exec(tx, "EnsureProject", project);
+    int64_t pipeline_id =
+        impl_->Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
+    nlohmann::json params(p.params);
+    int64_t run_id = impl_->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed,
+                                 o.seed, p.spot_rate_multiplier,
+                                 p.budget ? p.budget->ToDecimal() : std::string(), o.workdir)[0][0]
+                         .as<int64_t>();
+    std::vector<std::string> names, kinds, pools, types, markets, specs;
+    std::vector<int> counts, pending;
+    for (const auto& s : p.stages) {
+      names.push_back(s.spec.name);
+      kinds.emplace_back(ToString(s.spec.kind));
+      pools.push_back(s.pool);
+      types.push_back(s.spec.instance);
+      counts.push_back(s.spec.count);
+      markets.emplace_back(ToString(s.spec.market));
+      pending.push_back(static_cast<int>(s.needs.size()));
+      specs.push_back(ToJson(s.spec));
+    }
+    pqxx::result ids = impl_->Exec(tx, "InsertStages", run_id, TextArray(names), TextArray(kinds),
+                                   TextArray(pools), TextArray(types), NumberArray(counts),
+                                   TextArray(markets), NumberArray(pending), TextArray(specs));
+    std::unordered_map<std::string, int64_t> id_of;
+    for (const auto& row : ids) id_of[row[1].as<std::string>()] = row[0].as<int64_t>();
+    std::vector<int64_t> from, to;
+    for (const auto& s : p.stages)
+      for (const auto& n : s.needs) {
+        from.push_back(id_of.at(s.spec.name));
+        to.push_back(id_of.at(n));
+      }
+    if (!from.empty()) impl_->Exec(tx, "InsertStageDeps", NumberArray(from), NumberArray(to));
+    impl_->Exec(tx, "NotifyReadyPools", run_id);
+    tx.commit();
+    return run_id;
+  });
+}
+
+void Catalog::RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
+                             const std::string& pools_json) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json);
+    tx.commit();
+  });
+}
+
+void Catalog::StopWorker(const std::string& worker_id) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "StopWorker", worker_id);
+    tx.commit();
+  });
+}
+
+std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
+                                                    const std::string& worker_id,
+                                                    const std::string& worker_name,
+                                                    double lease_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::result r =
+        impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id, worker_name, lease_s);
+    tx.commit();
+    std::vector<ClaimedStage> out;
+    for (const auto& row : r) {
+      ClaimedStage c;
+      c.stage_id = row[0].as<int64_t>();
+      c.run_id = row[1].as<int64_t>();
+      c.attempt = row[2].as<int>();
+      c.instance_count = row[3].as<int>();
+      c.market = ParseMarket(row[4].as<std::string>()).value_or(Market::kOnDemand);
+      c.progress = row[5].as<double>();
+      c.errors = row[6].as<int>();
+      c.preemptions = row[7].as<int>();
+      c.spec = StageSpecFromJson(row[8].as<std::string>());
+      c.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
+      c.speed = row[10].as<double>();
+      c.seed = row[11].as<int64_t>();
+      c.spot_rate_multiplier = row[12].as<double>();
+      c.workdir = row[13].as<std::string>();
+      out.push_back(std::move(c));
+    }
+    return out;
+  });
+}
+
+std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s);
+    impl_->Exec(tx, "WorkerHeartbeat", worker_id);
+    tx.commit();
+    std::vector<LeaseKey> out;
+    for (const auto& row : r) out.push_back({row[0].as<int64_t>(), row[1].as<int>()});
+    return out;
+  });
+}
+
+std::vector<LeaseKey> Catalog::CompleteAttempts(const std::vector<AttemptResult>& results) {
+  if (results.empty()) return {};
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto applied = impl_->Complete(tx, results);
+    tx.commit();
+    return applied;
+  });
+}
+
+bool Catalog::TryAcquireLeadership() {
+  return impl_->Guard([&] {
+    pqxx::nontransaction nt(impl_->C());
+    if (impl_->leader) {
+      nt.exec("SELECT 1");  // the lock lives as long as this session
+      return true;
+    }
+    impl_->leader =
+        nt.exec("SELECT pg_try_advisory_lock(" + std::to_string(kLeaderLockKey) + ")")[0][0]
+            .as<bool>();
+    return impl_->leader;
+  });
+}
+
+int Catalog::PromoteRetries() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    int n = impl_->Exec(tx, "PromoteRetries")[0][0].as<int>();
+    tx.commit();
+    return n;
+  });
+}
+
+int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const ExpiredLease&)>& decide) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "ExpiredLeases");
+    std::vector<AttemptResult> results;
+    for (const auto& row : r) {
+      ExpiredLease e;
+      e.stage_id = row[0].as<int64_t>();
+      e.run_id = row[1].as<int64_t>();
+      e.attempt = row[2].as<int>();
+      e.lease_owner = row[3].as<std::string>();
+      e.errors = row[4].as<int>();
+      e.preemptions = row[5].as<int>();
+      e.spec = StageSpecFromJson(row[6].as<std::string>());
+      e.market = e.spec.market;
+      e.progress = row[7].as<double>();
+      e.instance_count = row[8].as<int>();
+      e.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
+      e.sim_seconds = row[10].as<double>();
+      results.push_back(decide(e));
+    }
+    auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);
+    tx.commit();
+    return static_cast<int>(applied.size());
+  });
+}
+
+std::vector<int64_t> Catalog::FinishRuns() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto ids = impl_->FinishRuns(tx, nullptr);
+    tx.commit();
+    return ids;
+  });
+}
+
+namespace {
+RunRow ReadRun(const pqxx::row& row) {
+  RunRow r;
+  r.id = row[0].as<int64_t>();
+  r.project = row[1].as<std::string>();
+  r.pipeline = row[2].as<std::string>();
+  r.state = row[3].as<std::string>();
+  r.speed = row[4].as<double>();
+  r.seed = row[5].as<int64_t>();
+  r.workdir = row[6].as<std::string>();
+  r.created_at = row[7].as<std::string>();
+  r.finished_at = row[8].as<std::string>();
+  r.cost = MoneyOf(row[9]);
+  if (!row[10].as<std::string>().empty()) r.budget = MoneyOf(row[10]);
+  r.wall_seconds = row[11].as<double>();
+  return r;
+}
+}  // namespace
+
+std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
+  return impl_->Guard([&]() -> std::optional<RunRow> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "GetRun", run_id);
+    if (r.empty()) return std::nullopt;
+    return ReadRun(r[0]);
+  });
+}
+
+std::vector<RunRow> Catalog::ListRuns(const std::string& project, const std::string& state,
+                                      int limit) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<RunRow> out;
+    for (const auto& row : impl_->Exec(tx, "ListRuns", project, state, limit))
+      out.push_back(ReadRun(row));
+    return out;
+  });
+}
+
+std::vector<StageRow> Catalog::GetStages(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<StageRow> out;
+    for (const auto& row : impl_->Exec(tx, "GetStages", run_id)) {
+      StageRow s;
+      s.id = row[0].as<int64_t>();
+      s.name = row[1].as<std::string>();
+      s.kind = row[2].as<std::string>();
+      s.state = row[3].as<std::string>();
+      s.instance_type = row[4].as<std::string>();
+      s.instance_count = row[5].as<int>();
+      s.market = row[6].as<std::string>();
+      s.attempts = row[7].as<int>();
+      s.progress = row[8].as<double>();
+      s.cost = MoneyOf(row[9]);
+      s.billed_seconds = row[10].as<int64_t>();
+      s.running_cost_usd = row[11].as<double>();
+      s.needs = SplitComma(row[12].as<std::string>());
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+}
+
+std::vector<AttemptRow> Catalog::GetAttempts(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<AttemptRow> out;
+    for (const auto& row : impl_->Exec(tx, "GetAttempts", run_id)) {
+      AttemptRow a;
+      a.stage_id = row[0].as<int64_t>();
+      a.attempt = row[1].as<int>();
+      a.outcome = row[2].as<std::string>();
+      a.worker = row[3].as<std::string>();
+      a.instance_type = row[4].as<std::string>();
+      a.instance_count = row[5].as<int>();
+      a.market = row[6].as<std::string>();
+      a.price_per_hour = MoneyOf(row[7]);
+      a.started_at = row[8].as<std::string>();
+      a.finished_at = row[9].as<std::string>();
+      a.sim_seconds = row[10].as<double>();
+      a.billed_seconds = row[11].as<int64_t>();
+      a.cost = MoneyOf(row[12]);
+      a.wasted = MoneyOf(row[13]);
+      a.saved = MoneyOf(row[14]);
+      a.progress_from = row[15].as<double>();
+      a.progress_to = row[16].as<double>();
+      a.message = row[17].as<std::string>();
+      out.push_back(std::move(a));
+    }
+    return out;
+  });
+}
+
+void Catalog::InsertEvent(int64_t run_id, int64_t stage_id, const std::string& kind,
+                          const std::string& message, const std::string& data_json) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "InsertEvent", run_id, stage_id, kind, message, data_json);
+    tx.commit();
+  });
+}
+
+void Catalog::ListenForReadyStages() {
+  impl_->Guard([&] {
+    impl_->receiver = std::make_unique<ReadyReceiver>(impl_->C(), &impl_->notifications);
+  });
+}
+
+bool Catalog::IsListening() const { return impl_->receiver != nullptr; }
+
+int Catalog::AwaitNotifications(int timeout_ms) {
+  return impl_->Guard([&] {
+    impl_->notifications = 0;
+    impl_->C().await_notification(timeout_ms / 1000, (timeout_ms % 1000) * 1000L);
+    impl_->C().get_notifs();
+    return impl_->notifications;
+  });
+}
+
+std::string Catalog::QueryValue(const std::string& sql) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = tx.exec(sql);
+    tx.commit();
+    if (r.empty() || r[0][0].is_null()) return std::string();
+    return r[0][0].as<std::string>();
+  });
+}
+
+namespace {
+std::string WithDatabase(const std::string& url, const std::string& name) {
+  static const std::regex uri(R"(^(postgres(?:ql)?://[^/?]*)(/[^?]*)?(\?.*)?$)");
+  std::smatch m;
+  if (std::regex_match(url, m, uri)) return m[1].str() + "/" + name + m[3].str();
+  return url + " dbname=" + name;
+}
+}  // namespace
+
+std::string CreateDatabase(const std::string& admin_url, const std::string& name) {
+  try {
+    pqxx::connection c(admin_url);
+    pqxx::nontransaction nt(c);
+    nt.exec("DROP DATABASE IF EXISTS " + nt.quote_name(name) + " WITH (FORCE)");
+    nt.exec("CREATE DATABASE " + nt.quote_name(name));
+  } catch (const pqxx::broken_connection& e) {
+    throw CatalogUnavailable("cannot reach " + RedactUrl(admin_url) + ": " + e.what());
+  }
+  return WithDatabase(admin_url, name);
+}
+
+void DropDatabase(const std::string& admin_url, const std::string& name) {
+  pqxx::connection c(admin_url);
+  pqxx::nontransaction nt(c);
+  nt.exec("DROP DATABASE IF EXISTS " + nt.quote_name(name) + " WITH (FORCE)");
+}
+
+}  // namespace trnflow::schema

@@ -1,0 +1,227 @@
+#pragma once
+// Catalog is the only gateway to PostgreSQL. One Catalog owns one connection and is NOT
+// thread-safe: each thread that talks to the catalog opens its own. Every method runs in one
+// transaction (or one statement) and is named after the SQL query it runs (schema/queries).
+//
+// Failure: the constructor and every method throw CatalogUnavailable when the server cannot
+// be reached or the connection broke (the URL in the message has its password hidden); a
+// caller that wants to carry on calls Reconnect() with backoff. Rows that are not there are
+// values (std::nullopt, empty vectors, false), never exceptions.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/money.h"
+#include "common/stage_spec.h"
+
+namespace trnflow::pipelines {
+struct Pipeline;
+}
+namespace trnflow::sim {
+class Catalog;
+}
+
+namespace trnflow::schema {
+
+struct SubmitOptions {
+  std::string project;  // overrides the pipeline's project when set
+  double speed = 3600;  // simulated seconds per wall second
+  int64_t seed = 1;
+  std::string workdir;  // where run: commands start
+};
+
+// A stage this worker now holds a lease on, with everything needed to run it.
+struct ClaimedStage {
+  int64_t stage_id = 0;
+  int64_t run_id = 0;
+  int attempt = 0;
+  int instance_count = 1;
+  Market market = Market::kOnDemand;
+  double progress = 0;  // resume point from the last checkpoint, 0..1
+  int errors = 0;
+  int preemptions = 0;
+  StageSpec spec;
+  Money price_per_hour;  // price snapshot of this attempt
+  double speed = 1;
+  int64_t seed = 0;
+  double spot_rate_multiplier = 1;
+  std::string workdir;
+};
+
+// The end of one attempt, as its worker (or the rescuer) saw it.
+struct AttemptResult {
+  int64_t stage_id = 0;
+  int attempt = 0;
+  std::string lease_owner;  // the incarnation that held the lease
+  Outcome outcome = Outcome::kSucceeded;
+  StageState next_state = StageState::kSucceeded;
+  Market next_market = Market::kOnDemand;
+  double retry_in_s = 0;
+  double sim_seconds = 0;
+  int64_t billed_seconds = 0;
+  Money cost;
+  Money wasted;
+  Money saved;
+  double progress_to = 0;
+  std::string message;
+};
+
+struct LeaseKey {
+  int64_t stage_id = 0;
+  int attempt = 0;
+};
+
+struct RunRow {
+  int64_t id = 0;
+  std::string project;
+  std::string pipeline;
+  std::string state;
+  double speed = 0;
+  int64_t seed = 0;
+  std::string workdir;
+  std::string created_at;   // ISO 8601 UTC
+  std::string finished_at;  // "" while running
+  Money cost;
+  std::optional<Money> budget;
+  double wall_seconds = 0;
+};
+
+struct StageRow {
+  int64_t id = 0;
+  std::string name;
+  std::string kind;
+  std::string state;
+  std::string instance_type;
+  int instance_count = 1;
+  std::string market;
+  int attempts = 0;
+  double progress = 0;
+  Money cost;                  // closed attempts
+  int64_t billed_seconds = 0;  // closed attempts
+  double running_cost_usd = 0; // estimate for the attempt in progress
+  std::vector<std::string> needs;
+};
+
+struct AttemptRow {
+  int64_t stage_id = 0;
+  int attempt = 0;
+  std::string outcome;  // "" while running
+  std::string worker;
+  std::string instance_type;
+  int instance_count = 1;
+  std::string market;
+  Money price_per_hour;
+  std::string started_at;
+  std::string finished_at;
+  double sim_seconds = 0;
+  int64_t billed_seconds = 0;
+  Money cost;
+  Money wasted;
+  Money saved;
+  double progress_from = 0;
+  double progress_to = 0;
+  std::string message;
+};
+
+struct ExpiredLease {
+  int64_t stage_id = 0;
+  int64_t run_id = 0;
+  int attempt = 0;
+  std::string lease_owner;
+  int errors = 0;
+  int preemptions = 0;
+  StageSpec spec;
+  Market market = Market::kOnDemand;
+  double progress = 0;
+  int instance_count = 1;
+  Money price_per_hour;
+  double sim_seconds = 0;  // simulated time since the attempt started
+};
+
+struct MigrateReport {
+  int from_version = 0;
+  int to_version = 0;
+  std::vector<std::string> applied;
+};
+
+class Catalog {
+ public:
+  // Connects; throws CatalogUnavailable with the URL (password hidden) and how to fix it.
+  explicit Catalog(const std::string& url);
+  ~Catalog();
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  const std::string& url() const;
+  // Drops the connection and opens a new one; throws CatalogUnavailable.
+  void Reconnect();
+
+  // --- schema -----------------------------------------------------------------------------
+  // The newest migration compiled into this binary.
+  static int BinarySchemaVersion();
+  // Applies pending migrations under an advisory lock (safe to run concurrently), then loads
+  // the hardware catalog's instance types and prices (a changed price adds a row). Throws
+  // CatalogUnavailable if the catalog is newer than this binary.
+  MigrateReport Migrate(const sim::Catalog& hardware);
+  // Throws CatalogUnavailable saying what to run when the schema is not this binary's.
+  void RequireCurrentSchema();
+
+  // --- submission -------------------------------------------------------------------------
+  // Pipeline (stored once per text), run, stages and dependencies in one transaction.
+  int64_t SubmitRun(const pipelines::Pipeline& pipeline, const SubmitOptions& options);
+
+  // --- workers ----------------------------------------------------------------------------
+  void RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
+                      const std::string& pools_json);
+  void StopWorker(const std::string& worker_id);
+  std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
+                                             const std::string& worker_id,
+                                             const std::string& worker_name, double lease_s);
+  // Leases still held after renewal; an in-flight stage missing here was taken over.
+  std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s);
+  // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,
+  // skips what is downstream of stages that failed, and finishes runs, in one transaction.
+  // Returns the results that were applied (a stale result is silently dropped).
+  std::vector<LeaseKey> CompleteAttempts(const std::vector<AttemptResult>& results);
+
+  // --- scheduler --------------------------------------------------------------------------
+  // Takes or confirms leadership: a session advisory lock held by this connection.
+  bool TryAcquireLeadership();
+  int PromoteRetries();
+  // Ends expired leases: `decide` turns each into the result to record (outcome lost).
+  int RescueExpiredLeases(const std::function<AttemptResult(const ExpiredLease&)>& decide);
+  // Finishes runs none of whose stages can still change. Returns their ids.
+  std::vector<int64_t> FinishRuns();
+
+  // --- reads ------------------------------------------------------------------------------
+  std::optional<RunRow> GetRun(int64_t run_id);
+  std::vector<RunRow> ListRuns(const std::string& project, const std::string& state, int limit);
+  std::vector<StageRow> GetStages(int64_t run_id);
+  std::vector<AttemptRow> GetAttempts(int64_t run_id);
+  void InsertEvent(int64_t run_id, int64_t stage_id, const std::string& kind,
+                   const std::string& message, const std::string& data_json = "{}");
+
+  // --- notifications ----------------------------------------------------------------------
+  // LISTEN on the channel where stages becoming ready are announced (payload: the pool).
+  void ListenForReadyStages();
+  bool IsListening() const;
+  // Waits up to `timeout_ms` for notifications; returns how many arrived.
+  int AwaitNotifications(int timeout_ms);
+
+  // One value of a one-row query, as text ("" for NULL); for tests and reports.
+  std::string QueryValue(const std::string& sql);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Creates database `name` on the server of `admin_url` (dropping it first if it exists);
+// returns a URL for it. Dropping likewise. For tests and `trnflow db` tooling.
+std::string CreateDatabase(const std::string& admin_url, const std::string& name);
+void DropDatabase(const std::string& admin_url, const std::string& name);
+
+}  // namespace trnflow::schema

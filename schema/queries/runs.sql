@@ -1,0 +1,94 @@
+-- name: EnsureProject
+INSERT INTO trnflow.projects (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: InsertPipeline
+WITH ins AS (
+  INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ($1, $2, $3)
+  ON CONFLICT (name, spec_hash) DO NOTHING RETURNING id)
+SELECT id FROM ins
+UNION ALL
+SELECT id FROM trnflow.pipelines WHERE name = $1 AND spec_hash = $2
+LIMIT 1;
+
+-- name: InsertRun
+INSERT INTO trnflow.runs (pipeline_id, project, params, speed, seed, spot_rate_multiplier,
+                          budget_usd, workdir)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, NULLIF($7, '')::numeric, $8)
+RETURNING id;
+
+-- name: InsertStages
+-- All stages of a run in one statement; needs are given by index into the same arrays.
+WITH input AS (
+  SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
+                       $8::int[], $9::jsonb[])
+    WITH ORDINALITY AS t(name, kind, pool, instance_type, instance_count, market, pending, spec, ord))
+INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, market,
+                            state, pending_needs, spec, ready_at)
+SELECT $1, name, kind, pool, instance_type, instance_count, market,
+       CASE WHEN pending = 0 THEN 'ready' ELSE 'blocked' END, pending, spec,
+       CASE WHEN pending = 0 THEN now() END
+FROM input ORDER BY ord
+RETURNING id, name;
+
+-- name: InsertStageDeps
+INSERT INTO trnflow.stage_deps (stage_id, needs_id)
+SELECT * FROM unnest($1::bigint[], $2::bigint[]);
+
+-- name: NotifyReadyPools
+SELECT pg_notify('trnflow_ready', pool)
+FROM (SELECT DISTINCT pool FROM trnflow.stages WHERE run_id = $1 AND state = 'ready') p;
+
+-- name: GetRun
+SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
+       to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
+       coalesce(r.budget_usd::text, ''),
+       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at))
+FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
+WHERE r.id = $1;
+
+-- name: ListRuns
+SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
+       to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
+       coalesce(r.budget_usd::text, ''),
+       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at))
+FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
+WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR r.state = $2)
+ORDER BY r.id DESC
+LIMIT $3;
+
+-- name: GetStages
+-- Cost so far includes running attempts, charged for the simulated time they have run.
+SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.market, s.attempts,
+       s.progress,
+       coalesce((SELECT sum(a.cost_usd) FROM trnflow.attempts a WHERE a.stage_id = s.id), 0)::text,
+       coalesce((SELECT sum(a.billed_seconds) FROM trnflow.attempts a WHERE a.stage_id = s.id), 0),
+       coalesce((SELECT extract(epoch FROM (now() - a.started_at)) * r.speed * a.instance_count
+                        * a.price_usd_hour / 3600
+                 FROM trnflow.attempts a
+                 WHERE a.stage_id = s.id AND a.outcome IS NULL), 0)::float8,
+       coalesce((SELECT string_agg(n.name, ',' ORDER BY n.id) FROM trnflow.stage_deps d
+                 JOIN trnflow.stages n ON n.id = d.needs_id WHERE d.stage_id = s.id), '')
+FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
+WHERE s.run_id = $1
+ORDER BY s.id;
+
+-- name: GetAttempts
+SELECT a.stage_id, a.attempt, coalesce(a.outcome, ''), a.worker_name, a.instance_type,
+       a.instance_count, a.market, a.price_usd_hour::text,
+       to_char(a.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+       coalesce(to_char(a.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), ''),
+       coalesce(a.sim_seconds, 0), coalesce(a.billed_seconds, 0),
+       coalesce(a.cost_usd, 0)::text, coalesce(a.wasted_usd, 0)::text,
+       coalesce(a.saved_usd, 0)::text, a.progress_from, coalesce(a.progress_to, 0),
+       coalesce(a.message, '')
+FROM trnflow.attempts a
+WHERE a.run_id = $1
+ORDER BY a.stage_id, a.attempt;
+
+-- name: InsertEvent
+INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
+VALUES ($1, NULLIF($2, 0), $3, $4, $5::jsonb);

@@ -1,0 +1,156 @@
+-- name: ClaimReadyStages
+-- One statement claims as many ready stages of a pool as fit in the free capacity
+-- ($2 instances): lock candidates in priority order skipping rows other workers hold, keep
+-- the prefix whose instance counts fit, mark them running under this worker's lease, and
+-- open an attempt row for each with the price in force now.
+WITH locked AS (
+  SELECT id, instance_count, priority, ready_at
+  FROM trnflow.stages
+  WHERE state = 'ready' AND pool = $1 AND instance_count <= $2
+  ORDER BY priority DESC, ready_at, id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED),
+chosen AS (
+  SELECT id FROM (
+    SELECT id, sum(instance_count) OVER (ORDER BY priority DESC, ready_at, id) AS used
+    FROM locked) x
+  WHERE used <= $2),
+claimed AS (
+  UPDATE trnflow.stages s
+  SET state = 'running', attempts = s.attempts + 1, lease_owner = $3::uuid,
+      lease_expires_at = now() + make_interval(secs => $5)
+  FROM chosen WHERE s.id = chosen.id
+  RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
+            s.progress, s.errors, s.preemptions, s.spec),
+opened AS (
+  INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,
+                                instance_type, instance_count, market, price_usd_hour,
+                                progress_from)
+  SELECT c.id, c.run_id, c.attempts, $3::uuid, $4, c.instance_type, c.instance_count, c.market,
+         CASE WHEN c.market = 'spot' THEN pr.spot_usd_hour ELSE pr.on_demand_usd_hour END,
+         c.progress
+  FROM claimed c
+  JOIN LATERAL (SELECT spot_usd_hour, on_demand_usd_hour FROM trnflow.prices
+                WHERE instance_type = c.instance_type AND valid_from <= now()
+                ORDER BY valid_from DESC LIMIT 1) pr ON true
+  RETURNING stage_id, price_usd_hour)
+SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
+       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,
+       r.spot_rate_multiplier, r.workdir
+FROM claimed c
+JOIN opened o ON o.stage_id = c.id
+JOIN trnflow.runs r ON r.id = c.run_id;
+
+-- name: HeartbeatLeases
+-- Renews every lease this worker holds in one statement; a lease missing from the result
+-- was taken over and its stage must stop.
+UPDATE trnflow.stages SET lease_expires_at = now() + make_interval(secs => $2)
+WHERE state = 'running' AND lease_owner = $1::uuid
+RETURNING id, attempts;
+
+-- name: CompleteAttempts
+-- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
+-- result from a worker that lost its lease changes nothing. Returns the stages updated.
+WITH input AS (
+  SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[],
+                       $6::text[], $7::float8[], $8::float8[], $9::bigint[], $10::bigint[],
+                       $11::bigint[], $12::bigint[], $13::float8[], $14::text[])
+    AS t(stage_id, attempt, owner, outcome, new_state, new_market, retry_in_s, sim_seconds,
+         billed_seconds, cost_micros, wasted_micros, saved_micros, progress_to, message)),
+updated AS (
+  UPDATE trnflow.stages s
+  SET state = i.new_state, market = i.new_market, lease_owner = NULL, lease_expires_at = NULL,
+      progress = CASE WHEN i.new_state IN ('succeeded', 'cached') THEN 1 ELSE i.progress_to END,
+      errors = s.errors + CASE WHEN i.outcome IN ('failed', 'timeout', 'infra_error',
+                                                  'user_error') THEN 1 ELSE 0 END,
+      preemptions = s.preemptions + CASE WHEN i.outcome IN ('spot_interruption',
+                                    'capacity_unavailable', 'lost') THEN 1 ELSE 0 END,
+      ready_at = CASE WHEN i.new_state = 'retry_wait'
+                      THEN now() + make_interval(secs => i.retry_in_s)
+                      WHEN i.new_state = 'ready' THEN now() ELSE s.ready_at END,
+      finished_at = CASE WHEN i.new_state IN ('succeeded', 'cached', 'failed', 'cancelled')
+                         THEN now() END
+  FROM input i
+  WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
+    AND s.lease_owner = i.owner
+  RETURNING s.id, s.run_id, s.state, i.attempt),
+closed AS (
+  UPDATE trnflow.attempts a
+  SET finished_at = now(), outcome = i.outcome, sim_seconds = i.sim_seconds,
+      billed_seconds = i.billed_seconds, cost_usd = i.cost_micros / 1000000.0,
+      wasted_usd = i.wasted_micros / 1000000.0, saved_usd = i.saved_micros / 1000000.0,
+      progress_to = i.progress_to, message = NULLIF(i.message, '')
+  FROM input i JOIN updated u ON u.id = i.stage_id
+  WHERE a.stage_id = i.stage_id AND a.attempt = i.attempt AND a.outcome IS NULL
+  RETURNING a.stage_id)
+SELECT u.id, u.run_id, u.state FROM updated u JOIN closed c ON c.stage_id = u.id;
+
+-- name: ReleaseDependents
+-- Stages whose needs all succeeded become ready; one notify per pool that gained work.
+WITH done AS (SELECT unnest($1::bigint[]) AS id),
+dec AS (
+  SELECT d.stage_id, count(*) AS n
+  FROM trnflow.stage_deps d JOIN done ON d.needs_id = done.id
+  GROUP BY d.stage_id),
+released AS (
+  UPDATE trnflow.stages s
+  SET pending_needs = s.pending_needs - dec.n,
+      state = CASE WHEN s.state = 'blocked' AND s.pending_needs - dec.n = 0
+                   THEN 'ready' ELSE s.state END,
+      ready_at = CASE WHEN s.state = 'blocked' AND s.pending_needs - dec.n = 0
+                      THEN now() ELSE s.ready_at END
+  FROM dec WHERE s.id = dec.stage_id
+  RETURNING s.pool, s.state),
+notified AS (
+  SELECT pg_notify('trnflow_ready', pool)
+  FROM (SELECT DISTINCT pool FROM released WHERE state = 'ready') p)
+SELECT count(*) FROM notified;
+
+-- name: SkipDescendants
+-- Everything downstream of a stage that failed for good can never run.
+WITH RECURSIVE down AS (
+  SELECT d.stage_id FROM trnflow.stage_deps d WHERE d.needs_id = ANY($1::bigint[])
+  UNION
+  SELECT d.stage_id FROM trnflow.stage_deps d JOIN down ON d.needs_id = down.stage_id)
+UPDATE trnflow.stages s SET state = 'skipped', finished_at = now()
+FROM down WHERE s.id = down.stage_id AND s.state = 'blocked';
+
+-- name: FinishRuns
+-- A run ends when none of its stages can still change; $1 NULL checks every running run.
+UPDATE trnflow.runs r
+SET finished_at = now(),
+    state = CASE
+      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id AND s.state = 'cancelled')
+        THEN 'cancelled'
+      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
+                   AND s.state IN ('failed', 'skipped'))
+        THEN 'failed'
+      ELSE 'succeeded' END
+WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY($1::bigint[]))
+  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
+                  AND s.state NOT IN ('succeeded', 'cached', 'failed', 'skipped', 'cancelled'))
+RETURNING r.id, r.state;
+
+-- name: PromoteRetries
+-- retry_wait stages whose backoff has elapsed become ready.
+WITH promoted AS (
+  UPDATE trnflow.stages SET state = 'ready', ready_at = now()
+  WHERE id IN (SELECT id FROM trnflow.stages WHERE state = 'retry_wait' AND ready_at <= now()
+               ORDER BY ready_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
+  RETURNING pool),
+notified AS (SELECT pg_notify('trnflow_ready', pool) FROM (SELECT DISTINCT pool FROM promoted) p)
+SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
+
+-- name: ExpiredLeases
+-- Running stages whose worker stopped renewing; locked so one rescuer handles each.
+SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
+       s.spec::text, s.progress, s.instance_count,
+       (a.price_usd_hour * 1000000)::bigint,
+       extract(epoch FROM (now() - a.started_at)) * r.speed
+FROM trnflow.stages s
+JOIN trnflow.attempts a ON a.stage_id = s.id AND a.attempt = s.attempts
+JOIN trnflow.runs r ON r.id = s.run_id
+WHERE s.state = 'running' AND s.lease_expires_at < now()
+ORDER BY s.lease_expires_at
+LIMIT 1000
+FOR UPDATE OF s SKIP LOCKED;

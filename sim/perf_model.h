@@ -1,0 +1,35 @@
+#pragma once
+// The performance model: how long a workload takes on `count` instances of a type, and what
+// it delivers. Pure functions of their arguments; the formulas and constants are documented
+// in sim/README.md.
+#include <string>
+
+#include "sim/catalog.h"
+#include "sim/workload.h"
+
+namespace trnflow::sim {
+
+struct Estimate {
+  double seconds = 0;            // simulated duration of the stage
+  double tokens_per_second = 0;  // train: whole stage; deploy: output tokens, whole instance
+  double ms_per_token = 0;       // deploy: decode latency per token at the batch
+  double ttft_ms = 0;            // deploy: time to first token
+  double mfu = 0;                // train: model FLOPs utilization used
+};
+
+// Model FLOPs utilization for training on this accelerator (before multi-node scaling).
+double TrainingMfu(const InstanceType& t);
+Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count);
+// Wall seconds of the Neuron compiler for one graph of this workload.
+Estimate EstimateCompile(const Workload& w, const InstanceType& t);
+Estimate EstimateServe(const Workload& w, const InstanceType& t, int count);
+// Dispatches on w.kind. A run: stage has no model estimate (seconds = 0).
+Estimate EstimateStage(const Workload& w, const InstanceType& t, int count);
+
+}  // namespace trnflow::sim
+
+namespace trnflow::sim {
+// Interruptions per instance-hour on spot, from the Spot Advisor frequency bucket (the share of
+// instances interrupted in a month, bucket midpoint) as a Poisson rate.
+double SpotInterruptionsPerHour(const InstanceType& t);
+}  // namespace trnflow::sim

@@ -1,0 +1,58 @@
+#pragma once
+// An executor runs one attempt of one stage and reports how it ended. It knows nothing of the
+// DAG, the catalog or threads beyond its own: the worker hands it a context and turns the
+// result into a ledger row. Run() never throws; failures are outcomes.
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "common/money.h"
+#include "common/stage_spec.h"
+
+namespace trnflow::workers {
+
+enum class StopReason : int { kNone = 0, kLeaseLost = 1, kShutdown = 2, kCancelled = 3 };
+
+struct ExecContext {
+  StageSpec spec;
+  int64_t run_id = 0;
+  int attempt = 1;
+  Market market = Market::kOnDemand;
+  int instance_count = 1;
+  double progress = 0;  // where the last checkpoint left the stage, 0..1
+  double speed = 1;     // simulated seconds per wall second
+  uint64_t seed = 0;    // for this attempt's random draws
+  double spot_rate_multiplier = 1;
+  std::string workdir;         // where commands start
+  std::string run_dir;         // ${{ run.dir }}
+  std::string log_path;        // captured output of this attempt
+  std::string checkpoint_dir;  // TRNFLOW_CHECKPOINT_DIR
+  const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
+  StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
+};
+
+struct ExecResult {
+  Outcome outcome = Outcome::kSucceeded;
+  double sim_seconds = 0;     // what the attempt ran, in simulated seconds (billing)
+  double progress_to = 0;     // durable progress at the end (checkpointed), 0..1
+  double lost_fraction = 0;   // share of this attempt's time whose work was lost
+  std::string message;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual ExecResult Run(const ExecContext& ctx) = 0;
+};
+
+class SimExecutor final : public Executor {
+ public:
+  ExecResult Run(const ExecContext& ctx) override;
+};
+
+class ProcessExecutor final : public Executor {
+ public:
+  ExecResult Run(const ExecContext& ctx) override;
+};
+
+}  // namespace trnflow::workers

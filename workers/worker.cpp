@@ -1,0 +1,404 @@
+#include "workers/worker.h"
+
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/retry_policy.h"
+#include "nlohmann/json.hpp"
+#include "schema/catalog.h"
+#include "workers/executor.h"
+
+namespace trnflow::workers {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+std::string NewUuid() {
+  std::random_device rd;
+  std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                    static_cast<uint64_t>(Steady::now().time_since_epoch().count()));
+  uint64_t a = g(), b = g();
+  a = (a & ~0xF000ULL) | 0x4000ULL;                             // version 4
+  b = (b & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;      // variant 1
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08llx-%04llx-%04llx-%04llx-%012llx",
+                static_cast<unsigned long long>(a >> 32),
+                static_cast<unsigned long long>((a >> 16) & 0xFFFF),
+                static_cast<unsigned long long>(a & 0xFFFF),
+                static_cast<unsigned long long>(b >> 48),
+                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFULL));
+  return buf;
+}
+
+// FNV-1a: a stable hash, so the same run seed gives the same draws on every build.
+uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ULL) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+std::string SafeName(std::string s) {
+  for (char& c : s)
+    if (c == '/' || c == ' ') c = '_';
+  return s;
+}
+
+struct Running {
+  schema::ClaimedStage claim;
+  std::atomic<int> stop{0};
+};
+
+struct Pool {
+  PoolConfig config;
+  std::atomic<int> used{0};
+  std::unique_ptr<tbb::task_arena> arena;
+};
+
+}  // namespace
+
+struct Worker::Impl {
+  WorkerOptions opt;
+  std::string id = NewUuid();
+  std::string name;
+  std::shared_ptr<spdlog::logger> log = Logger("workers");
+  std::vector<std::unique_ptr<Pool>> pools;
+  std::unique_ptr<tbb::global_control> parallelism;
+
+  mutable std::mutex mu;  // guards running, results, wake_claim, rng
+  std::map<int64_t, std::shared_ptr<Running>> running;
+  std::deque<schema::AttemptResult> results;
+  bool wake_claim = false;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::condition_variable claim_cv, commit_cv, idle_cv;
+
+  std::atomic<bool> claiming{false};
+  std::atomic<bool> stopping{false};
+  std::atomic<int> tasks{0};
+  std::thread claim_thread, listen_thread, heartbeat_thread, commit_thread;
+
+  SimExecutor sim_executor;
+  ProcessExecutor process_executor;
+
+  // Runs `body` with this thread's catalog, re-opening the connection with backoff until it
+  // works or the worker stops. Returns false if it gave up because the worker is stopping.
+  template <typename F>
+  bool WithCatalog(std::unique_ptr<schema::Catalog>& c, const char* what, F&& body,
+                   bool give_up_on_stop = true) {
+    double backoff = 0.1;
+    while (true) {
+      try {
+        if (!c) c = std::make_unique<schema::Catalog>(opt.database_url);
+        body(*c);
+        return true;
+      } catch (const CatalogUnavailable& e) {
+        c.reset();
+        log->warn("{}: {}; retrying in {:.1f}s", what, e.what(), backoff);
+      } catch (const std::exception& e) {
+        c.reset();
+        log->error("{}: {}; retrying in {:.1f}s", what, e.what(), backoff);
+      }
+      auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
+                                       std::chrono::duration<double>(backoff));
+      while (Steady::now() < until) {
+        if (give_up_on_stop && stopping) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      backoff = std::min(backoff * 2, 5.0);
+    }
+  }
+
+  void WakeClaim() {
+    {
+      std::scoped_lock lock(mu);
+      wake_claim = true;
+    }
+    claim_cv.notify_one();
+  }
+
+  void ClaimLoop() {
+    std::unique_ptr<schema::Catalog> cat;
+    while (claiming) {
+      bool more = false;
+      for (auto& pool : pools) {
+        int free = pool->config.capacity - pool->used.load();
+        if (free <= 0 || !claiming) continue;
+        std::vector<schema::ClaimedStage> claimed;
+        if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
+              claimed = c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s);
+            }))
+          return;
+        for (auto& c : claimed) Launch(*pool, std::move(c));
+        if (!claimed.empty() && pool->used.load() < pool->config.capacity) more = true;
+      }
+      if (more) continue;
+      std::unique_lock lock(mu);
+      claim_cv.wait_for(lock, std::chrono::duration<double>(opt.poll_s),
+                        [&] { return wake_claim || !claiming; });
+      wake_claim = false;
+    }
+  }
+
+  void ListenLoop() {
+    std::unique_ptr<schema::Catalog> cat;
+    while (claiming) {
+      bool ok = WithCatalog(cat, "listen", [&](schema::Catalog& c) {
+        if (!c.IsListening()) {
+          c.ListenForReadyStages();
+          WakeClaim();  // anything announced while we were not listening
+        }
+        if (c.AwaitNotifications(250) > 0) WakeClaim();
+      });
+      if (!ok) return;
+    }
+  }
+
+  void HeartbeatLoop() {
+    std::unique_ptr<schema::Catalog> cat;
+    while (!stopping) {
+      // Only stages that were running before the query can be judged by its answer.
+      std::vector<std::pair<int64_t, std::shared_ptr<Running>>> before;
+      {
+        std::scoped_lock lock(mu);
+        for (auto& [sid, r] : running) before.push_back({sid, r});
+      }
+      std::vector<schema::LeaseKey> held;
+      bool ok = WithCatalog(cat, "heartbeat", [&](schema::Catalog& c) {
+        held = c.HeartbeatLeases(id, opt.lease_s);
+      });
+      if (ok) {
+        std::set<std::pair<int64_t, int>> keys;
+        for (const auto& k : held) keys.insert({k.stage_id, k.attempt});
+        for (auto& [sid, r] : before) {
+          if (keys.count({sid, r->claim.attempt})) continue;
+          int expected = static_cast<int>(StopReason::kNone);
+          if (r->stop.compare_exchange_strong(expected, static_cast<int>(StopReason::kLeaseLost)))
+            log->warn("lease lost stage={} attempt={}: stopping it, its result will be discarded",
+                      sid, r->claim.attempt);
+        }
+      }
+      auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
+                                       std::chrono::duration<double>(opt.heartbeat_s));
+      while (!stopping && Steady::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  void CommitLoop() {
+    std::unique_ptr<schema::Catalog> cat;
+    while (true) {
+      std::vector<schema::AttemptResult> batch;
+      {
+        std::unique_lock lock(mu);
+        commit_cv.wait(lock, [&] { return !results.empty() || (stopping && tasks == 0); });
+        if (results.empty()) return;
+        while (!results.empty() && static_cast<int>(batch.size()) < opt.commit_batch) {
+          batch.push_back(std::move(results.front()));
+          results.pop_front();
+        }
+      }
+      // A retry after a lost reply is harmless: writes are fenced on the lease.
+      WithCatalog(cat, "commit", [&](schema::Catalog& c) {
+        auto applied = c.CompleteAttempts(batch);
+        if (applied.size() < batch.size())
+          log->warn("{} of {} results were stale (lease taken over) and were dropped",
+                    batch.size() - applied.size(), batch.size());
+      }, /*give_up_on_stop=*/false);
+    }
+  }
+
+  void Launch(Pool& pool, schema::ClaimedStage claim) {
+    auto run = std::make_shared<Running>();
+    run->claim = std::move(claim);
+    pool.used += run->claim.instance_count;
+    ++tasks;
+    {
+      std::scoped_lock lock(mu);
+      running[run->claim.stage_id] = run;
+    }
+    log->debug("claimed stage={} attempt={} pool={}", run->claim.stage_id, run->claim.attempt,
+               pool.config.name);
+    pool.arena->enqueue([this, &pool, run] { Execute(pool, run); });
+  }
+
+  // The task boundary: nothing escapes; every end becomes an outcome.
+  void Execute(Pool& pool, const std::shared_ptr<Running>& run) {
+    const schema::ClaimedStage& c = run->claim;
+    ExecContext ctx;
+    ctx.spec = c.spec;
+    ctx.run_id = c.run_id;
+    ctx.attempt = c.attempt;
+    ctx.market = c.market;
+    ctx.instance_count = c.instance_count;
+    ctx.progress = c.progress;
+    ctx.speed = c.speed;
+    ctx.seed = Fnv1a(c.spec.name + "#" + std::to_string(c.attempt),
+                     Fnv1a(std::to_string(c.seed)));
+    ctx.spot_rate_multiplier = c.spot_rate_multiplier;
+    ctx.workdir = c.workdir;
+    std::string run_tag = "run-" + std::to_string(c.run_id);
+    ctx.run_dir = opt.home + "/runs/" + std::to_string(c.run_id);
+    ctx.log_path = opt.home + "/logs/" + run_tag + "/" + SafeName(c.spec.name) + ".attempt-" +
+                   std::to_string(c.attempt) + ".log";
+    ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
+    ctx.stop = &run->stop;
+
+    ExecResult er;
+    try {
+      er = c.spec.kind == StageKind::kRun ? process_executor.Run(ctx) : sim_executor.Run(ctx);
+    } catch (const std::exception& e) {
+      er.outcome = Outcome::kInfraError;
+      er.message = std::string("executor failed: ") + e.what();
+    } catch (...) {
+      er.outcome = Outcome::kInfraError;
+      er.message = "executor failed";
+    }
+    auto why = static_cast<StopReason>(run->stop.load());
+    if (why == StopReason::kLeaseLost) {
+      log->warn("stage={} attempt={} discarded: its lease was taken over", c.stage_id, c.attempt);
+    } else {
+      schema::AttemptResult r = ToResult(c, er, why);
+      std::scoped_lock lock(mu);
+      results.push_back(std::move(r));
+    }
+    {
+      std::scoped_lock lock(mu);
+      running.erase(c.stage_id);
+    }
+    pool.used -= c.instance_count;
+    --tasks;
+    commit_cv.notify_one();
+    idle_cv.notify_all();
+    WakeClaim();
+  }
+
+  schema::AttemptResult ToResult(const schema::ClaimedStage& c, const ExecResult& er,
+                                 StopReason why) {
+    schema::AttemptResult r;
+    r.stage_id = c.stage_id;
+    r.attempt = c.attempt;
+    r.lease_owner = id;
+    r.outcome = er.outcome;
+    r.sim_seconds = er.sim_seconds;
+    r.progress_to = er.progress_to;
+    r.message = er.message;
+    if (why == StopReason::kShutdown) {
+      r.outcome = Outcome::kCancelled;
+      r.next_state = StageState::kReady;
+      r.next_market = c.market;
+      r.message = "worker shut down; stage handed back";
+    } else {
+      double jitter;
+      {
+        std::scoped_lock lock(mu);
+        jitter = std::uniform_real_distribution<double>(0, 1)(rng);
+      }
+      RetryDecision d = DecideAfterAttempt(c.spec, c.market, er.outcome, c.errors, c.preemptions,
+                                           jitter);
+      r.next_state = d.next;
+      r.next_market = d.market;
+      r.retry_in_s = d.retry_in_s;
+      if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
+        r.message += (r.message.empty() ? "" : "; ") + d.reason;
+    }
+    // No instance ran when capacity was unavailable: nothing to bill.
+    if (r.outcome != Outcome::kCapacityUnavailable) {
+      r.billed_seconds = BilledSeconds(er.sim_seconds);
+      r.cost = Charge(c.price_per_hour, c.instance_count, er.sim_seconds);
+      r.wasted = Money::FromMicros(
+          static_cast<int64_t>(std::llround(r.cost.micros() * std::clamp(er.lost_fraction, 0.0, 1.0))));
+    }
+    return r;
+  }
+};
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->opt = std::move(options);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  impl_->name = std::string(host) + ":" + std::to_string(getpid());
+  int total = 0;
+  for (const auto& p : impl_->opt.pools) {
+    auto pool = std::make_unique<Pool>();
+    pool->config = p;
+    // Stages mostly wait (simulated time, child processes): one arena slot per instance of
+    // capacity, none reserved for the calling thread.
+    pool->arena = std::make_unique<tbb::task_arena>(std::max(1, p.capacity), 0);
+    total += std::max(1, p.capacity);
+    impl_->pools.push_back(std::move(pool));
+  }
+  impl_->parallelism = std::make_unique<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(total + 2));
+}
+
+Worker::~Worker() { Stop(); }
+
+const std::string& Worker::id() const { return impl_->id; }
+
+int Worker::running() const {
+  std::scoped_lock lock(impl_->mu);
+  return static_cast<int>(impl_->running.size());
+}
+
+void Worker::Start() {
+  Impl& w = *impl_;
+  nlohmann::json pools = nlohmann::json::object();
+  for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
+  std::unique_ptr<schema::Catalog> cat;
+  w.WithCatalog(cat, "register", [&](schema::Catalog& c) {
+    c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump());
+  });
+  w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
+  w.claiming = true;
+  w.stopping = false;
+  w.commit_thread = std::thread([&w] { w.CommitLoop(); });
+  w.heartbeat_thread = std::thread([&w] { w.HeartbeatLoop(); });
+  w.listen_thread = std::thread([&w] { w.ListenLoop(); });
+  w.claim_thread = std::thread([&w] { w.ClaimLoop(); });
+}
+
+void Worker::Stop() {
+  Impl& w = *impl_;
+  if (!w.claim_thread.joinable()) return;
+  w.claiming = false;
+  w.claim_cv.notify_all();
+  w.claim_thread.join();
+  w.listen_thread.join();
+  {
+    // Let running stages finish within the grace period, then hand them back.
+    std::unique_lock lock(w.mu);
+    if (!w.idle_cv.wait_for(lock, std::chrono::duration<double>(w.opt.shutdown_grace_s),
+                            [&] { return w.tasks == 0; })) {
+      w.log->info("grace period over: stopping {} running stages", w.running.size());
+      for (auto& [sid, r] : w.running) {
+        int expected = static_cast<int>(StopReason::kNone);
+        r->stop.compare_exchange_strong(expected, static_cast<int>(StopReason::kShutdown));
+      }
+      w.idle_cv.wait(lock, [&] { return w.tasks == 0; });
+    }
+  }
+  w.stopping = true;
+  w.commit_cv.notify_all();
+  w.commit_thread.join();
+  w.heartbeat_thread.join();
+  for (auto& p : w.pools) p->arena->terminate();
+  std::unique_ptr<schema::Catalog> cat;
+  try {
+    cat = std::make_unique<schema::Catalog>(w.opt.database_url);
+    cat->StopWorker(w.id);
+  } catch (const std::exception& e) {
+    w.log->warn("could not record the stop: {}", e.what());
+  }
+  w.log->info("worker id={} stopped", w.id);
+}
+
+}  // namespace trnflow::workers

@@ -1,0 +1,49 @@
+#pragma once
+// Worker claims stages from the catalog and runs them in one TBB arena per pool. Threads:
+// a claim loop, a LISTEN loop that wakes it, a heartbeat that renews every lease of this
+// incarnation in one statement (stopping any stage whose lease was taken over), and a
+// committer that writes outcomes in batches. Each thread has its own catalog connection and
+// re-opens it with backoff when PostgreSQL goes away.
+//
+// Start() and Stop() are called from one owning thread. Stop() stops claiming, lets running
+// stages finish for the grace period, then stops them and hands them back (ready again,
+// attempt closed as cancelled, not counted against any budget).
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trnflow::workers {
+
+struct PoolConfig {
+  std::string name;  // trn1 | trn2 | inf1 | inf2 | gpu | cpu
+  int capacity = 1;  // instances; a stage with count N takes N
+};
+
+struct WorkerOptions {
+  std::string database_url;
+  std::string home;  // TRNFLOW_HOME: logs, run dirs, checkpoints
+  std::vector<PoolConfig> pools;
+  double lease_s = 15;
+  double heartbeat_s = 3;
+  double poll_s = 1.0;         // claim even without a notification this often
+  double shutdown_grace_s = 10;
+  int commit_batch = 512;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();  // Stop()
+  void Start();
+  void Stop();
+  // This process's incarnation id (a fresh UUID per Worker).
+  const std::string& id() const;
+  // Stages running right now.
+  int running() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trnflow::workers
