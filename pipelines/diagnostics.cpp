@@ -6,11 +6,13 @@
 namespace trnflow::pipelines {
 
 void Diagnostics::Error(Loc loc, std::string message, std::string hint) {
+  if (!seen_.insert({loc.line, loc.col, message}).second) return;
   items_.push_back({Severity::kError, loc, std::move(message), std::move(hint)});
   ++errors_;
 }
 
 void Diagnostics::Warning(Loc loc, std::string message, std::string hint) {
+  if (!seen_.insert({loc.line, loc.col, message}).second) return;
   items_.push_back({Severity::kWarning, loc, std::move(message), std::move(hint)});
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // Diagnostics collects every problem found in a pipeline file, compiler style, so a user sees
 // all of them at once: `FILE:LINE:COL: error: MESSAGE` followed by `  hint: FIX`.
+#include <set>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +38,8 @@ class Diagnostics {
  private:
   std::string file_;
   std::vector<Diagnostic> items_;
+  // Matrix expansions parse the same node once per combination: each problem is kept once.
+  std::set<std::tuple<int, int, std::string>> seen_;
   int errors_ = 0;
 };
 

@@ -20,6 +20,7 @@ namespace trnflow::pipelines {
 namespace {
 
 constexpr size_t kMaxFileBytes = 8 << 20;
+constexpr const char* kInvalidModel = "<invalid>";
 
 Loc At(const YAML::Node& n, Loc fallback = {}) {
   const YAML::Mark m = n.Mark();
@@ -135,7 +136,6 @@ class Parser {
   YAML::Node defaults_;
   std::map<std::string, std::vector<std::string>> expansions_;  // base name -> expanded names
   std::map<std::string, std::vector<std::pair<std::string, Loc>>> raw_needs_;  // expanded name
-  std::set<std::pair<std::pair<int, int>, std::string>> reported_;
 };
 
 bool Parser::ExpectMap(const YAML::Node& n, const std::string& what) {
@@ -710,8 +710,10 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
   sim::Workload w;
   w.kind = *kind;
   w.model.name.clear();
-  if (n["model"])
+  if (n["model"]) {
     if (auto m = ParseModel(n["model"], scope)) w.model = *m;
+    else w.model.name = kInvalidModel;  // reported already; keeps dependents from repeating it
+  }
   auto int_field = [&](const char* key, int min, int max, int* out) {
     if (n[key])
       if (auto v = Integer(n[key], key, scope, min, max)) *out = *v;

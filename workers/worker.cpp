@@ -336,8 +336,10 @@ Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>()) {
     total += std::max(1, p.capacity);
     impl_->pools.push_back(std::move(pool));
   }
+  // The most restrictive global_control in the process wins, so every Worker asks for at
+  // least the same generous ceiling; the arenas' own limits bound the threads really used.
   impl_->parallelism = std::make_unique<tbb::global_control>(
-      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(total + 2));
+      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(std::max(total + 2, 256)));
 }
 
 Worker::~Worker() { Stop(); }

@@ -1,0 +1,316 @@
+// The catalog and the engine against a real PostgreSQL: submission, claims, fencing, the
+// rescuer, and whole runs executed by in-process workers and a scheduler.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "common/error.h"
+#include "pipelines/pipeline.h"
+#include "scheduler/scheduler.h"
+#include "schema/catalog.h"
+#include "sim/catalog.h"
+#include "tests/test_db.h"
+#include "workers/worker.h"
+
+namespace trnflow {
+namespace {
+
+using testing::TestDatabase;
+using testing::WaitFor;
+
+pipelines::Pipeline MustParse(const std::string& text) {
+  auto r = pipelines::ParsePipeline(text, "test.yaml", {});
+  EXPECT_TRUE(r.pipeline) << r.diagnostics.Format();
+  return *r.pipeline;
+}
+
+std::string Home() {
+  static std::string home = [] {
+    auto p = std::filesystem::temp_directory_path() / ("trnflow-test-" + std::to_string(getpid()));
+    std::filesystem::create_directories(p);
+    return p.string();
+  }();
+  return home;
+}
+
+workers::WorkerOptions WorkerOpts(std::vector<workers::PoolConfig> pools) {
+  workers::WorkerOptions o;
+  o.database_url = TestDatabase::url();
+  o.home = Home();
+  o.pools = std::move(pools);
+  o.poll_s = 0.2;
+  o.lease_s = 5;
+  o.heartbeat_s = 0.5;
+  o.shutdown_grace_s = 5;
+  return o;
+}
+
+scheduler::SchedulerOptions SchedOpts() {
+  scheduler::SchedulerOptions o;
+  o.database_url = TestDatabase::url();
+  o.tick_s = 0.05;
+  o.promote_every_s = 0.1;
+  o.rescue_every_s = 0.2;
+  o.finish_every_s = 0.5;
+  o.seed = 1;
+  return o;
+}
+
+schema::SubmitOptions Fast() {
+  schema::SubmitOptions o;
+  o.speed = 1e7;
+  o.seed = 1;
+  o.workdir = TRNFLOW_SOURCE_DIR;
+  return o;
+}
+
+std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
+
+bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "running"; }
+
+// A wide DAG: one root, `width` parallel sim stages, one fan-in.
+std::string FanOut(int width) {
+  std::string y = "pipeline: fan\nproject: lab\nstages:\n  root:\n    run: [\"true\"]\n"
+                  "  work:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
+                  "    instance: trn1.2xlarge\n    model: bert-large\n    matrix: {i: [";
+  for (int i = 0; i < width; ++i) y += (i ? "," : "") + std::to_string(i);
+  y += "]}\n  join:\n    run: [\"true\"]\n    needs: [work]\n";
+  return y;
+}
+
+}  // namespace
+
+TEST(Catalog, MigrateIsIdempotentAndLoadsPrices) {
+  schema::Catalog c(TestDatabase::url());
+  auto again = c.Migrate(sim::Catalog::Builtin());
+  EXPECT_TRUE(again.applied.empty());
+  EXPECT_EQ(again.to_version, schema::Catalog::BinarySchemaVersion());
+  c.RequireCurrentSchema();
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.instance_types"),
+            std::to_string(sim::Catalog::Builtin().instances().size()));
+  // A second migrate must not add price rows when nothing changed.
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.prices"),
+            std::to_string(sim::Catalog::Builtin().instances().size()));
+  EXPECT_EQ(c.QueryValue("SELECT on_demand_usd_hour::text FROM trnflow.prices WHERE instance_type "
+                         "= 'trn1.32xlarge'"),
+            sim::Catalog::Builtin().FindInstance("trn1.32xlarge")->on_demand_per_hour.ToDecimal());
+}
+
+TEST(Catalog, UnreachableServerIsCatalogUnavailableWithoutThePassword) {
+  try {
+    schema::Catalog c("postgresql://trnflow:hunter2@127.0.0.1:1/trnflow?connect_timeout=2");
+    FAIL() << "connected to port 1?";
+  } catch (const CatalogUnavailable& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find("hunter2"), std::string::npos) << what;
+    EXPECT_NE(what.find("postgresql://trnflow:***@127.0.0.1:1/trnflow"), std::string::npos) << what;
+  }
+}
+
+TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(FanOut(5));
+  int64_t run = c.SubmitRun(p, Fast());
+  auto stages = c.GetStages(run);
+  ASSERT_EQ(stages.size(), 7u);
+  std::map<std::string, schema::StageRow> by;
+  for (const auto& s : stages) by[s.name] = s;
+  EXPECT_EQ(by["root"].state, "ready");
+  EXPECT_EQ(by["work[i=3]"].state, "blocked");
+  EXPECT_EQ(by["join"].needs.size(), 5u);
+  EXPECT_EQ(by["join"].needs[0], "work[i=0]");
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
+                         "s.id = d.stage_id WHERE s.run_id = " + std::to_string(run)),
+            "10");
+  // The same text submitted twice is stored once.
+  int64_t again = c.SubmitRun(p, Fast());
+  EXPECT_NE(again, run);
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE name = 'fan'"), "1");
+}
+
+TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: cap\nproject: lab\nstages:\n"
+      "  a: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n"
+      "  b: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n"
+      "  c: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  const std::string me = "00000000-0000-4000-8000-000000000001";
+  const std::string other = "00000000-0000-4000-8000-000000000002";
+  auto claimed = c.ClaimReadyStages("trn1", 5, me, "test:1", 30);
+  ASSERT_EQ(claimed.size(), 2u);  // 2 + 2 instances fit in 5; a third would need 6
+  EXPECT_EQ(claimed[0].attempt, 1);
+  EXPECT_EQ(claimed[0].price_per_hour,
+            sim::Catalog::Builtin().FindInstance("trn1.32xlarge")->on_demand_per_hour);
+  EXPECT_TRUE(c.ClaimReadyStages("trn1", 1, other, "test:2", 30).empty());  // count 2 > 1
+
+  schema::AttemptResult r;
+  r.stage_id = claimed[0].stage_id;
+  r.attempt = 1;
+  r.lease_owner = other;  // not the holder: must change nothing
+  r.outcome = Outcome::kSucceeded;
+  r.next_state = StageState::kSucceeded;
+  r.cost = Money::FromMicros(1'000'000);
+  EXPECT_TRUE(c.CompleteAttempts({r}).empty());
+  r.lease_owner = me;
+  r.attempt = 2;  // wrong attempt
+  EXPECT_TRUE(c.CompleteAttempts({r}).empty());
+  r.attempt = 1;
+  EXPECT_EQ(c.CompleteAttempts({r}).size(), 1u);
+  EXPECT_TRUE(c.CompleteAttempts({r}).empty());  // closed once
+  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+                         std::to_string(run)),
+            "1.000000");
+  // The ledger refuses edits of a closed attempt.
+  EXPECT_ANY_THROW(c.QueryValue("UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " +
+                                std::to_string(run) + " AND outcome IS NOT NULL RETURNING 1"));
+}
+
+TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: lost\nproject: lab\nstages:\n"
+      "  a:\n    kind: compile\n    target: inf2\n    instance: trn1.2xlarge\n"
+      "    model: bert-large\n    retry: {backoff: {initial: 1s}}\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  // A worker that claims and then dies: its lease runs out.
+  auto claimed = c.ClaimReadyStages("trn1", 1, "00000000-0000-4000-8000-0000000000de", "dead:1", 0.2);
+  ASSERT_EQ(claimed.size(), 1u);
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"trn1", 2}}));
+  sched.Start();
+  ASSERT_TRUE(WaitFor([&] { return c.GetAttempts(run).size() >= 1 &&
+                                   c.GetAttempts(run)[0].outcome == "lost"; }, 10));
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 20));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  auto attempts = c.GetAttempts(run);
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].outcome, "lost");
+  EXPECT_EQ(attempts[0].worker, "dead:1");
+  EXPECT_GT(attempts[0].cost.micros(), 0);
+  EXPECT_EQ(attempts[0].wasted, attempts[0].cost);
+  EXPECT_EQ(attempts[1].outcome, "succeeded");
+}
+
+TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: broken\nproject: lab\nstages:\n"
+      "  ok:\n    run: [\"true\"]\n"
+      "  bad:\n    run: [\"bash\", \"-c\", \"echo going down; exit 3\"]\n    needs: [ok]\n"
+      "  after:\n    run: [\"true\"]\n    needs: [bad]\n"
+      "  later:\n    run: [\"true\"]\n    needs: [after]\n"
+      "  side:\n    run: [\"true\"]\n    needs: [ok]\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"cpu", 4}}));
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+  EXPECT_EQ(RunState(c, run), "failed");
+  std::map<std::string, std::string> state;
+  for (const auto& s : c.GetStages(run)) state[s.name] = s.state;
+  EXPECT_EQ(state["ok"], "succeeded");
+  EXPECT_EQ(state["bad"], "failed");
+  EXPECT_EQ(state["after"], "skipped");
+  EXPECT_EQ(state["later"], "skipped");
+  EXPECT_EQ(state["side"], "succeeded");
+  auto attempts = c.GetAttempts(run);
+  bool found = false;
+  for (const auto& a : attempts)
+    if (a.outcome == "failed") {
+      found = true;
+      EXPECT_NE(a.message.find("exited with code 3"), std::string::npos) << a.message;
+    }
+  EXPECT_TRUE(found);
+  // The failing command's output was captured.
+  std::string log = Home() + "/logs/run-" + std::to_string(run) + "/bad.attempt-1.log";
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("going down"), std::string::npos) << log;
+}
+
+TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
+  schema::Catalog c(TestDatabase::url());
+  // Exit 75 (EX_TEMPFAIL) on the first attempt, success on the second.
+  auto p = MustParse(
+      "pipeline: flaky\nproject: lab\nstages:\n"
+      "  f:\n    run: [\"bash\", \"-c\", \"[ \\\"$TRNFLOW_ATTEMPT\\\" = 2 ] || exit 75\"]\n"
+      "    retry: {max_attempts: 3, backoff: {initial: 1s}}\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"cpu", 1}}));
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  auto attempts = c.GetAttempts(run);
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].outcome, "infra_error");
+  EXPECT_EQ(attempts[1].outcome, "succeeded");
+}
+
+// The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
+class EngineConcurrency : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
+  schema::Catalog c(TestDatabase::url());
+  int64_t run = c.SubmitRun(MustParse(FanOut(120)), Fast());
+  scheduler::Scheduler sched(SchedOpts());
+  std::vector<std::unique_ptr<workers::Worker>> fleet;
+  for (int i = 0; i < GetParam(); ++i)
+    fleet.push_back(std::make_unique<workers::Worker>(WorkerOpts({{"trn1", 3}, {"cpu", 1}})));
+  sched.Start();
+  for (auto& w : fleet) w->Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  std::string r = std::to_string(run);
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
+                         " AND state <> 'succeeded'"),
+            "0");
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r), "122");
+  EXPECT_EQ(c.QueryValue("SELECT count(DISTINCT stage_id) FROM trnflow.attempts WHERE run_id = " +
+                         r + " AND outcome = 'succeeded'"),
+            "122");
+  if (GetParam() > 1) {
+    EXPECT_GT(std::stoi(c.QueryValue("SELECT count(DISTINCT worker_id) FROM trnflow.attempts "
+                                     "WHERE run_id = " + r)),
+              1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, EngineConcurrency, ::testing::Values(1, 2, 4, 8));
+
+TEST(Engine, ShutdownHandsRunningStagesBack) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse("pipeline: slow\nproject: lab\nstages:\n  s:\n    run: [\"sleep\", \"30\"]\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  auto opts = WorkerOpts({{"cpu", 1}});
+  opts.shutdown_grace_s = 0.2;
+  {
+    workers::Worker worker(opts);
+    worker.Start();
+    ASSERT_TRUE(WaitFor([&] { return c.GetStages(run)[0].state == "running"; }, 10));
+    ASSERT_TRUE(WaitFor([&] { return worker.running() == 1; }, 10));
+  }  // Stop(): grace, SIGTERM, hand back
+  auto s = c.GetStages(run)[0];
+  EXPECT_EQ(s.state, "ready");
+  auto attempts = c.GetAttempts(run);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].outcome, "cancelled");
+  EXPECT_EQ(c.QueryValue("SELECT errors + preemptions FROM trnflow.stages WHERE run_id = " +
+                         std::to_string(run)),
+            "0");
+}
+
+}  // namespace trnflow
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new trnflow::testing::TestDatabase("trnflow_catalog_test"));
+  return RUN_ALL_TESTS();
+}

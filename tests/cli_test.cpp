@@ -1,0 +1,166 @@
+// The `trnflow` binary as a user runs it: real child processes, a real catalog.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "schema/catalog.h"
+#include "tests/test_db.h"
+
+namespace trnflow {
+namespace {
+
+using testing::TestDatabase;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `trnflow ARGS` from the source tree with extra environment assignments.
+Result Trnflow(const std::string& args, const std::string& env = "") {
+  static int n = 0;
+  std::string err_file = std::filesystem::temp_directory_path() /
+                         ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
+  std::string home = std::filesystem::temp_directory_path() / ("trnflow-cli-home-" + std::to_string(getpid()));
+  std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
+                    TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err_file);
+  return r;
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / (std::to_string(getpid()) + "-" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+int64_t RunIdFrom(const std::string& out) {
+  std::smatch m;
+  std::regex re(R"(^run (\d+): )");
+  EXPECT_TRUE(std::regex_search(out, m, re)) << out;
+  return std::stoll(m[1]);
+}
+
+}  // namespace
+
+TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
+  Result r = Trnflow("run examples/climate/pipeline.yaml --speed 1000000");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdFrom(r.out);
+  // The printed total...
+  std::smatch m;
+  std::regex total_re(R"(\ntotal\s+(\$[0-9.]+)\n)");
+  ASSERT_TRUE(std::regex_search(r.out, m, total_re)) << r.out;
+  std::string printed = m[1];
+  // ... equals the ledger's sum, to the cent...
+  schema::Catalog c(TestDatabase::url());
+  std::string sql_sum = c.QueryValue(
+      "SELECT '$' || round(sum(cost_usd), 2)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+      std::to_string(run));
+  EXPECT_EQ(printed, sql_sum);
+  EXPECT_NE(printed, "$0.00");
+  // ... and the views agree with the ledger to the micro-dollar.
+  EXPECT_EQ(c.QueryValue("SELECT cost_usd::text FROM trnflow.run_status WHERE run_id = " +
+                         std::to_string(run)),
+            c.QueryValue("SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+                         std::to_string(run)));
+  // All ten stages succeeded with exactly one attempt each.
+  Result show = Trnflow("show " + std::to_string(run) + " --format json");
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  auto j = nlohmann::json::parse(show.out);
+  EXPECT_EQ(j["run"]["state"], "succeeded");
+  ASSERT_EQ(j["stages"].size(), 10u);
+  for (const auto& s : j["stages"]) {
+    EXPECT_EQ(s["state"], "succeeded") << s.dump();
+    ASSERT_EQ(s["attempts"].size(), 1u) << s.dump();
+    EXPECT_EQ(s["attempts"][0]["outcome"], "succeeded");
+  }
+  // The real scripts ran and wrote their outputs.
+  Result logs = Trnflow("logs " + std::to_string(run) + " evaluate");
+  EXPECT_NE(logs.out.find("evaluated"), std::string::npos) << logs.out;
+  Result runs = Trnflow("runs --format json --project climate-lab");
+  ASSERT_EQ(runs.exit_code, 0);
+  EXPECT_NE(runs.out.find("\"run_id\": \"" + std::to_string(run) + "\""), std::string::npos);
+}
+
+TEST(Cli, FailingStageFailsTheRunWithExitOne) {
+  std::string file = WriteTemp("fail.yaml",
+                               "pipeline: failing\nproject: lab\nstages:\n"
+                               "  a:\n    run: [\"false\"]\n"
+                               "  b:\n    run: [\"true\"]\n    needs: [a]\n");
+  Result r = Trnflow("run " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  auto show = nlohmann::json::parse(Trnflow("show " + std::to_string(RunIdFrom(r.out)) +
+                                            " --format json").out);
+  EXPECT_EQ(show["run"]["state"], "failed");
+  EXPECT_EQ(show["stages"][0]["state"], "failed");
+  EXPECT_EQ(show["stages"][1]["state"], "skipped");
+}
+
+TEST(Cli, BrokenFileIsLocatedExitsTwoAndWritesNothing) {
+  schema::Catalog c(TestDatabase::url());
+  std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string file = WriteTemp("broken.yaml",
+                               "pipeline: broken\nproject: lab\nstages:\n"
+                               "  train:\n    kind: train\n    instance: trn1.32xlarge\n"
+                               "    modle: llama-2-7b\n    tokens: 1e9\n");
+  for (const char* cmd : {"run ", "validate ", "submit ", "plan "}) {
+    Result r = Trnflow(cmd + file);
+    EXPECT_EQ(r.exit_code, 2) << cmd << r.out << r.err;
+    EXPECT_NE(r.err.find(file + ":7:5: error: unknown field 'modle' in stage 'train'"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("hint: did you mean 'model'?"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), before);
+}
+
+TEST(Cli, UnreachableCatalogExitsThreeNamingTheUrlWithoutPassword) {
+  Result r = Trnflow("run examples/climate/pipeline.yaml",
+                     "TRNFLOW_DATABASE_URL='postgresql://trnflow:s3cret@127.0.0.1:1/trnflow'");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("postgresql://trnflow:***@127.0.0.1:1/trnflow"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("s3cret"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(Cli, ValidateAndPlanTheExample) {
+  Result v = Trnflow("validate examples/climate/pipeline.yaml");
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  Result p = Trnflow("plan examples/climate/pipeline.yaml --format json");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  auto j = nlohmann::json::parse(p.out);
+  EXPECT_EQ(j["pipeline"], "climate-forecast");
+  EXPECT_EQ(j["stages"].size(), 10u);
+  EXPECT_GT(j["total_cost_usd"].get<double>(), 0);
+  EXPECT_GT(j["total_hours"].get<double>(), 0);
+  Result bad_id = Trnflow("show not-a-run");
+  EXPECT_EQ(bad_id.exit_code, 2);
+  Result missing = Trnflow("show 999999");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("no run 999999"), std::string::npos);
+}
+
+}  // namespace trnflow
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new trnflow::testing::TestDatabase("trnflow_cli_test"));
+  return RUN_ALL_TESTS();
+}

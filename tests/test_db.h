@@ -1,0 +1,43 @@
+#pragma once
+// A real PostgreSQL database for one test binary: created (and migrated) before the first
+// test, dropped after the last. The server is the one ops/setup.sh runs; point elsewhere with
+// TRNFLOW_TEST_ADMIN_URL (a URL to any database, as a role that may create databases).
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace trnflow::testing {
+
+class TestDatabase : public ::testing::Environment {
+ public:
+  explicit TestDatabase(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override;
+  void TearDown() override;
+  // URL of this binary's database; also exported as TRNFLOW_DATABASE_URL.
+  static const std::string& url();
+
+ private:
+  std::string prefix_;
+  std::string name_;
+};
+
+std::string AdminUrl();
+
+// Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held.
+template <typename F>
+bool WaitFor(F&& condition, double timeout_s);
+
+}  // namespace trnflow::testing
+
+#include <chrono>
+#include <thread>
+
+template <typename F>
+bool trnflow::testing::WaitFor(F&& condition, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}

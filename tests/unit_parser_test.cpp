@@ -1,0 +1,259 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "pipelines/dag.h"
+#include "pipelines/pipeline.h"
+#include "pipelines/plan.h"
+
+namespace trnflow::pipelines {
+namespace {
+
+LoadResult Parse(const std::string& text, LoadOptions opts = {}) {
+  return ParsePipeline(text, "p.yaml", opts);
+}
+
+// The single error of a result, formatted; fails the test if there is not exactly one.
+std::string OnlyError(const LoadResult& r) {
+  EXPECT_EQ(r.diagnostics.error_count(), 1) << r.diagnostics.Format();
+  EXPECT_FALSE(r.pipeline.has_value());
+  return r.diagnostics.Format();
+}
+
+const char* kSmall = R"(pipeline: small
+project: lab
+params:
+  tokens: 2.0e9
+stages:
+  prep:
+    run: ["echo", "hi"]
+  train:
+    kind: train
+    needs: [prep]
+    instance: trn1.32xlarge
+    model: llama-2-7b
+    tokens: ${{ params.tokens }}
+  compile:
+    kind: compile
+    needs: [train]
+    target: inf2
+    instance: trn1.2xlarge
+    matrix: {seq_len: [128, 256], batch: [1, 8]}
+    batch: ${{ matrix.batch }}
+    seq_len: ${{ matrix.seq_len }}
+  serve:
+    kind: deploy
+    needs: [compile]
+    instance: inf2.xlarge
+    input_tokens: 100
+    output_tokens: 100
+    requests: 1000
+)";
+
+}  // namespace
+
+TEST(Parser, ParsesTheClimateExample) {
+  auto r = LoadPipelineFile(std::string(TRNFLOW_SOURCE_DIR) + "/examples/climate/pipeline.yaml", {});
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  const Pipeline& p = *r.pipeline;
+  EXPECT_EQ(p.name, "climate-forecast");
+  EXPECT_EQ(p.project, "climate-lab");
+  EXPECT_EQ(p.stages.size(), 10u);
+  const Stage* serve = p.Find("serve");
+  ASSERT_NE(serve, nullptr);
+  EXPECT_EQ(serve->needs.size(), 6u);  // every compile expansion
+  ASSERT_TRUE(serve->workload);
+  EXPECT_EQ(serve->workload->model.name, "climate-emulator-1b");  // inherited via compile
+  const Stage* train = p.Find("train");
+  EXPECT_EQ(train->spec.count, 2);
+  EXPECT_EQ(train->spec.market, Market::kSpot);
+  EXPECT_EQ(train->spec.checkpoint.every_s, 1800);
+  EXPECT_EQ(train->spec.retry.max_interruptions, 6);
+  EXPECT_EQ(train->pool, "trn1");
+  EXPECT_EQ(train->workload->tokens, 1e10);
+  EXPECT_EQ(p.spec_hash.size(), 64u);
+}
+
+TEST(Parser, ExpandsMatrixWithSortedKeysAndSubstitutesValues) {
+  auto r = Parse(kSmall);
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  std::vector<std::string> names;
+  for (const auto& s : r.pipeline->stages)
+    if (s.base_name == "compile") names.push_back(s.spec.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"compile[batch=1,seq_len=128]",
+                                             "compile[batch=1,seq_len=256]",
+                                             "compile[batch=8,seq_len=128]",
+                                             "compile[batch=8,seq_len=256]"}));
+  const Stage* c = r.pipeline->Find("compile[batch=8,seq_len=256]");
+  EXPECT_EQ(c->workload->batch, 8);
+  EXPECT_EQ(c->workload->seq_len, 256);
+  EXPECT_EQ(c->workload->model.name, "llama-2-7b");
+}
+
+TEST(Parser, ParamOverridesStayTyped) {
+  auto r = Parse(kSmall, {{{"tokens", "5e9"}}, ""});
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  EXPECT_EQ(r.pipeline->Find("train")->workload->tokens, 5e9);
+  auto bad = Parse(kSmall, {{{"tokens", "lots"}}, ""});
+  EXPECT_NE(OnlyError(bad).find("p.yaml:13:13: error: tokens must be a number, not 'lots'"),
+            std::string::npos)
+      << bad.diagnostics.Format();
+  auto unknown = Parse(kSmall, {{{"tokenz", "1"}}, ""});
+  EXPECT_NE(OnlyError(unknown).find("did you mean 'tokens'?"), std::string::npos);
+}
+
+TEST(Parser, UnknownFieldIsLocatedWithDidYouMean) {
+  std::string text = kSmall;
+  text.replace(text.find("    needs: [prep]"), 17, "    neds: [prep]");
+  auto r = Parse(text);
+  std::string out = r.diagnostics.Format();
+  EXPECT_NE(out.find("p.yaml:10:5: error: unknown field 'neds' in stage 'train'"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  hint: did you mean 'needs'?"), std::string::npos) << out;
+}
+
+TEST(Parser, UnknownNeedsAndInstanceAndModelGetHints) {
+  std::string text = kSmall;
+  text.replace(text.find("needs: [prep]"), 13, "needs: [prepp]");
+  text.replace(text.find("trn1.32xlarge"), 13, "trn1.32xlarg");
+  text.replace(text.find("llama-2-7b"), 10, "llama-2-7");
+  auto r = Parse(text);
+  std::string out = r.diagnostics.Format();
+  EXPECT_EQ(r.diagnostics.error_count(), 3) << out;
+  EXPECT_NE(out.find("needs unknown stage 'prepp'"), std::string::npos) << out;
+  EXPECT_NE(out.find("did you mean 'prep'?"), std::string::npos) << out;
+  EXPECT_NE(out.find("p.yaml:11:15: error: unknown instance type 'trn1.32xlarg'"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("did you mean 'trn1.32xlarge'?"), std::string::npos) << out;
+  EXPECT_NE(out.find("unknown model 'llama-2-7'"), std::string::npos) << out;
+}
+
+TEST(Parser, CycleIsNamed) {
+  auto r = Parse(R"(pipeline: cyc
+project: lab
+stages:
+  a:
+    run: ["true"]
+    needs: [c]
+  b:
+    run: ["true"]
+    needs: [a]
+  c:
+    run: ["true"]
+    needs: [b]
+)");
+  std::string out = OnlyError(r);
+  EXPECT_NE(out.find("dependency cycle: "), std::string::npos) << out;
+  for (const char* n : {"a", "b", "c"}) EXPECT_NE(out.find(n), std::string::npos);
+  EXPECT_NE(out.find("a -> b -> c -> a"), std::string::npos) << out;
+}
+
+TEST(Parser, SelfDependencyAndDuplicateStages) {
+  auto self = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n    needs: [a]\n");
+  EXPECT_NE(OnlyError(self).find("p.yaml:6:13: error: stage 'a' needs itself"), std::string::npos);
+  auto dup = Parse(
+      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n  a:\n    run: [\"false\"]\n");
+  EXPECT_NE(OnlyError(dup).find("p.yaml:6:3: error: duplicate stage name 'a'"), std::string::npos)
+      << dup.diagnostics.Format();
+}
+
+TEST(Parser, KindAndRunTogetherIsAnError) {
+  auto r = Parse(
+      "pipeline: x\nproject: lab\nstages:\n  t:\n    kind: train\n    run: [\"true\"]\n"
+      "    instance: trn1.2xlarge\n");
+  EXPECT_NE(OnlyError(r).find("has both kind: train and run:"), std::string::npos);
+}
+
+TEST(Parser, SyntaxErrorsAndBadExpressionsAreLocated) {
+  auto syntax = Parse("pipeline: x\nstages:\n  a: [unclosed\n");
+  EXPECT_NE(OnlyError(syntax).find("p.yaml:"), std::string::npos);
+  EXPECT_NE(syntax.diagnostics.Format().find("invalid YAML"), std::string::npos);
+  auto expr = Parse(
+      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"echo\", \"${{ params.nope }}\"]\n");
+  EXPECT_NE(OnlyError(expr).find("p.yaml:5:19: error: unknown parameter 'nope'"), std::string::npos)
+      << expr.diagnostics.Format();
+  auto open = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: \"echo ${{ run.id\"\n");
+  EXPECT_NE(OnlyError(open).find("unterminated expression"), std::string::npos);
+}
+
+TEST(Parser, NumbersMustBeFiniteAndInRange) {
+  std::string text = kSmall;
+  text.replace(text.find("2.0e9"), 5, ".nan");
+  EXPECT_NE(OnlyError(Parse(text)).find("must be a finite number"), std::string::npos);
+  text = kSmall;
+  text.replace(text.find("    needs: [prep]"), 17, "    needs: [prep]\n    count: 0");
+  EXPECT_NE(OnlyError(Parse(text)).find("count must be between 1 and 512"), std::string::npos);
+  text = kSmall;
+  text.replace(text.find("    needs: [prep]"), 17, "    needs: [prep]\n    count: 99999999999999999999");
+  EXPECT_FALSE(Parse(text).pipeline);
+}
+
+TEST(Parser, BinaryGarbageAndEmptyFilesAreRefused) {
+  EXPECT_NE(OnlyError(Parse(std::string("pipeline: x\0\x01\x02", 15))).find("NUL bytes"),
+            std::string::npos);
+  EXPECT_NE(Parse("").diagnostics.Format().find("must be a mapping"), std::string::npos);
+}
+
+TEST(Parser, RunStringsSplitIntoArgvUnlessShell) {
+  auto r = Parse(
+      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: \"python3 -c 'print(1)'\"\n"
+      "  b:\n    run: \"echo a | wc -c\"\n    shell: true\n");
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  EXPECT_EQ(r.pipeline->Find("a")->spec.command.argv,
+            (std::vector<std::string>{"python3", "-c", "print(1)"}));
+  EXPECT_TRUE(r.pipeline->Find("b")->spec.command.shell);
+  EXPECT_EQ(r.pipeline->Find("b")->spec.command.argv, (std::vector<std::string>{"echo a | wc -c"}));
+}
+
+TEST(Parser, RunExpressionsAreKeptForRunTime) {
+  auto r = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"ls\", \"${{run.dir}}/d\"]\n");
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  std::string arg = r.pipeline->Find("a")->spec.command.argv[1];
+  EXPECT_EQ(arg, "${{ run.dir }}/d");
+  EXPECT_EQ(SubstituteRunExpressions(arg, "7", "/h/runs/7"), "/h/runs/7/d");
+}
+
+TEST(Dag, TopologicalOrderPutsNeedsFirst) {
+  auto r = Parse(kSmall);
+  ASSERT_TRUE(r.pipeline);
+  const auto& stages = r.pipeline->stages;
+  auto order = TopologicalOrder(stages);
+  ASSERT_EQ(order.size(), stages.size());
+  std::map<std::string, size_t> pos;
+  for (size_t i = 0; i < order.size(); ++i) pos[stages[order[i]].spec.name] = i;
+  for (const auto& s : stages)
+    for (const auto& n : s.needs) EXPECT_LT(pos[n], pos[s.spec.name]) << s.spec.name;
+}
+
+TEST(Dag, LongChainsDoNotOverflowTheStack) {
+  std::vector<Stage> chain(100'000);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    chain[i].spec.name = "s" + std::to_string(i);
+    if (i) chain[i].needs = {"s" + std::to_string(i - 1)};
+  }
+  EXPECT_FALSE(FindCycle(chain));
+  chain[0].needs = {"s99999"};
+  auto cycle = FindCycle(chain);
+  ASSERT_TRUE(cycle);
+  EXPECT_EQ(cycle->size(), 100'001u);
+}
+
+TEST(Plan, TotalsAreTheSumOfStagesAndTheCriticalPath) {
+  auto r = Parse(kSmall);
+  ASSERT_TRUE(r.pipeline);
+  Plan plan = MakePlan(*r.pipeline);
+  Money sum;
+  double longest_compile = 0;
+  for (const auto& s : plan.stages) {
+    sum += s.cost;
+    if (s.kind == "compile") longest_compile = std::max(longest_compile, s.hours);
+  }
+  EXPECT_EQ(sum, plan.total_cost);
+  double path = plan.stages[0].hours + plan.stages[1].hours + longest_compile +
+                plan.stages.back().hours;
+  EXPECT_NEAR(plan.total_hours, path, 1e-9);
+  EXPECT_NE(PlanToJson(plan).find("\"total_cost_usd\""), std::string::npos);
+}
+
+}  // namespace trnflow::pipelines
