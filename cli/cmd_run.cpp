@@ -24,10 +24,11 @@ using Steady = std::chrono::steady_clock;
 std::string StageLine(const schema::StageRow& s, size_t name_width) {
   std::string inst = s.instance_type + (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "");
   double cost = s.cost.usd() + s.running_cost_usd;
+  std::string attempt = s.attempts ? "attempt " + std::to_string(s.attempts) : "";
   char buf[512];
-  std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  attempt %-2d  $%.2f",
+  std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  %-10s  $%.2f",
                 static_cast<int>(name_width), s.name.c_str(), s.state.c_str(), inst.c_str(),
-                s.market.c_str(), s.attempts, cost);
+                s.market.c_str(), attempt.c_str(), cost);
   return buf;
 }
 
@@ -164,6 +165,7 @@ int CmdRun(const RunArgs& a) {
   wo.home = HomeDir();
   wo.pools = pools;
   wo.poll_s = 0.5;
+  wo.shutdown_grace_s = 2;  // Ctrl-C should not keep a person waiting
   workers::Worker worker(wo);
   sched.Start();
   worker.Start();

@@ -96,8 +96,10 @@ class Parser {
 
  private:
   // --- reading values -------------------------------------------------------------------
-  void CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
-                const std::string& what);
+  // Reports duplicate and unknown keys; returns the fields the unknown keys look like typos
+  // of, so a missing required field that was merely misspelled is reported once.
+  std::set<std::string> CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
+                                 const std::string& what);
   bool ExpectMap(const YAML::Node& n, const std::string& what);
   std::optional<std::string> Text(const YAML::Node& n, const std::string& what,
                                   const Scope& scope);
@@ -145,9 +147,10 @@ bool Parser::ExpectMap(const YAML::Node& n, const std::string& what) {
   return false;
 }
 
-void Parser::CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
-                      const std::string& what) {
-  std::set<std::string> seen;
+std::set<std::string> Parser::CheckMap(const YAML::Node& map,
+                                       const std::vector<std::string>& allowed,
+                                       const std::string& what) {
+  std::set<std::string> seen, typo_of;
   for (auto it = map.begin(); it != map.end(); ++it) {
     if (!it->first.IsScalar()) {
       diags_.Error(At(it->first), "a key in " + what + " must be a plain name");
@@ -160,11 +163,14 @@ void Parser::CheckMap(const YAML::Node& map, const std::vector<std::string>& all
       continue;
     }
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      std::string hint = DidYouMean(key, allowed);
-      if (hint.empty()) hint = "allowed here: " + Join(allowed, ", ");
-      diags_.Error(At(it->first), "unknown field '" + key + "' in " + what, hint);
+      std::string close = ClosestMatch(key, allowed);
+      if (!close.empty()) typo_of.insert(close);
+      diags_.Error(At(it->first), "unknown field '" + key + "' in " + what,
+                   close.empty() ? "allowed here: " + Join(allowed, ", ")
+                                 : "did you mean '" + close + "'?");
     }
   }
+  return typo_of;
 }
 
 std::optional<std::string> Parser::Interpolate(const std::string& text, Loc loc,
@@ -606,14 +612,16 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
   std::vector<std::string> allowed = kCommonStageKeys;
   const auto& extra = kKindKeys.at(*kind);
   allowed.insert(allowed.end(), extra.begin(), extra.end());
-  CheckMap(n, allowed, "stage '" + st.base_name + "'");
+  const std::set<std::string> typos = CheckMap(n, allowed, "stage '" + st.base_name + "'");
+  // A required field is missing only if it is not there under a misspelled name either.
+  auto missing = [&](const char* key) { return !n[key] && !typos.count(key); };
 
   // Where it runs.
   YAML::Node inst = Field(n, "instance");
   std::string instance = *kind == StageKind::kRun ? "c6i.large" : "";
   if (inst) {
     if (auto v = Text(inst, "instance", scope)) instance = *v;
-  } else if (instance.empty()) {
+  } else if (instance.empty() && missing("instance")) {
     diags_.Error(name_loc, "stage '" + st.base_name + "' needs an instance:",
                  "e.g. instance: trn1.32xlarge (see `trnflow instances`)");
   }
@@ -720,14 +728,15 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
   };
   switch (*kind) {
     case StageKind::kTrain: {
-      if (!n["model"])
+      if (missing("model"))
         diags_.Error(name_loc, "train stage '" + st.base_name + "' needs a model:",
                      "name a catalog model (e.g. llama-2-7b) or describe one inline");
-      if (!n["tokens"])
+      if (n["tokens"]) {
+        if (auto v = Number(n["tokens"], "tokens", scope, 1, 1e16)) w.tokens = *v;
+      } else if (missing("tokens")) {
         diags_.Error(name_loc, "train stage '" + st.base_name + "' needs tokens:",
                      "the number of training tokens, e.g. tokens: 2.0e10");
-      else if (auto v = Number(n["tokens"], "tokens", scope, 1, 1e16))
-        w.tokens = *v;
+      }
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
       if (const YAML::Node& par = n["parallelism"]; par && ExpectMap(par, "parallelism")) {
         CheckMap(par, {"tp", "pp"}, "parallelism");
@@ -740,8 +749,9 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
     }
     case StageKind::kCompile: {
       if (!n["target"]) {
-        diags_.Error(name_loc, "compile stage '" + st.base_name + "' needs a target:",
-                     "the family that will run the graph: inf2, trn1, trn2 or inf1");
+        if (missing("target"))
+          diags_.Error(name_loc, "compile stage '" + st.base_name + "' needs a target:",
+                       "the family that will run the graph: inf2, trn1, trn2 or inf1");
       } else if (auto v = Text(n["target"], "target", scope)) {
         const std::vector<std::string> targets = {"inf2", "trn1", "trn2", "inf1"};
         if (std::find(targets.begin(), targets.end(), *v) == targets.end()) {
@@ -779,7 +789,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
       int_field("input_tokens", 1, 1 << 22, &w.input_tokens);
       int_field("output_tokens", 1, 1 << 22, &w.output_tokens);
-      if (!n["input_tokens"] || !n["output_tokens"])
+      if (missing("input_tokens") || missing("output_tokens"))
         diags_.Error(name_loc, "stage '" + st.base_name + "' needs input_tokens: and output_tokens:",
                      "the shape of one request, e.g. input_tokens: 512, output_tokens: 256");
       if (n["requests"] && n["duration"]) {
@@ -788,7 +798,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
         if (auto v = Number(n["requests"], "requests", scope, 1, 1e12)) w.requests = *v;
       } else if (n["duration"]) {
         if (auto v = Duration(n["duration"], "duration", scope)) w.duration_s = *v;
-      } else {
+      } else if (missing("requests") && missing("duration")) {
         diags_.Error(name_loc, "stage '" + st.base_name + "' needs requests: or duration:",
                      "how much to serve, e.g. requests: 100000 or duration: 2h");
       }
