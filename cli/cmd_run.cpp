@@ -166,6 +166,7 @@ int CmdRun(const RunArgs& a) {
   wo.pools = pools;
   wo.poll_s = 0.5;
   wo.shutdown_grace_s = 2;  // Ctrl-C should not keep a person waiting
+  wo.only_run = run_id;     // this process runs its own pipeline, not the whole queue
   workers::Worker worker(wo);
   sched.Start();
   worker.Start();

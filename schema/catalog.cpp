@@ -376,11 +376,12 @@ void Catalog::StopWorker(const std::string& worker_id) {
 std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
                                                     const std::string& worker_id,
                                                     const std::string& worker_name,
-                                                    double lease_s) {
+                                                    double lease_s, int64_t only_run) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     pqxx::result r =
-        impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id, worker_name, lease_s);
+        impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id, worker_name, lease_s,
+                    only_run);
     tx.commit();
     std::vector<ClaimedStage> out;
     for (const auto& row : r) {

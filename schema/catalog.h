@@ -179,7 +179,8 @@ class Catalog {
   void StopWorker(const std::string& worker_id);
   std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
                                              const std::string& worker_id,
-                                             const std::string& worker_name, double lease_s);
+                                             const std::string& worker_name, double lease_s,
+                                             int64_t only_run = 0);
   // Leases still held after renewal; an in-flight stage missing here was taken over.
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,

@@ -169,6 +169,20 @@ TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
                                 std::to_string(run) + " AND outcome IS NOT NULL RETURNING 1"));
 }
 
+TEST(Catalog, ClaimCanBeLimitedToOneRun) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse("pipeline: one\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n");
+  int64_t first = c.SubmitRun(p, Fast());
+  int64_t second = c.SubmitRun(p, Fast());
+  const std::string me = "00000000-0000-4000-8000-000000000003";
+  auto claimed = c.ClaimReadyStages("cpu", 10, me, "test:3", 30, second);
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_EQ(claimed[0].run_id, second);
+  claimed = c.ClaimReadyStages("cpu", 10, me, "test:3", 30);
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_EQ(claimed[0].run_id, first);
+}
+
 TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(

@@ -134,7 +134,8 @@ struct Worker::Impl {
         if (free <= 0 || !claiming) continue;
         std::vector<schema::ClaimedStage> claimed;
         if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
-              claimed = c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s);
+              claimed = c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s,
+                                           opt.only_run);
             }))
           return;
         for (auto& c : claimed) Launch(*pool, std::move(c));

@@ -8,6 +8,7 @@
 // Start() and Stop() are called from one owning thread. Stop() stops claiming, lets running
 // stages finish for the grace period, then stops them and hands them back (ready again,
 // attempt closed as cancelled, not counted against any budget).
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ struct WorkerOptions {
   double poll_s = 1.0;         // claim even without a notification this often
   double shutdown_grace_s = 10;
   int commit_batch = 512;
+  int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
 };
 
 class Worker {

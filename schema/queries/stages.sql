@@ -2,11 +2,11 @@
 -- One statement claims as many ready stages of a pool as fit in the free capacity
 -- ($2 instances): lock candidates in priority order skipping rows other workers hold, keep
 -- the prefix whose instance counts fit, mark them running under this worker's lease, and
--- open an attempt row for each with the price in force now.
+-- open an attempt row for each with the price in force now. $6: only this run (0: any).
 WITH locked AS (
   SELECT id, instance_count, priority, ready_at
   FROM trnflow.stages
-  WHERE state = 'ready' AND pool = $1 AND instance_count <= $2
+  WHERE state = 'ready' AND pool = $1 AND instance_count <= $2 AND ($6::bigint = 0 OR run_id = $6::bigint)
   ORDER BY priority DESC, ready_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED),
