@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/duration.h"
+#include "pipelines/checks.h"
 #include "pipelines/dag.h"
 #include "pipelines/pipeline.h"
 #include "sim/catalog.h"
@@ -613,6 +614,8 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
   const auto& extra = kKindKeys.at(*kind);
   allowed.insert(allowed.end(), extra.begin(), extra.end());
   const std::set<std::string> typos = CheckMap(n, allowed, "stage '" + st.base_name + "'");
+  for (auto it = n.begin(); it != n.end(); ++it)
+    if (it->first.IsScalar()) st.fields.emplace(it->first.Scalar(), At(it->second, At(it->first)));
   // A required field is missing only if it is not there under a misspelled name either.
   auto missing = [&](const char* key) { return !n[key] && !typos.count(key); };
 
@@ -876,8 +879,7 @@ LoadResult Parser::Run() {
     return r;
   };
   if (text_.size() > kMaxFileBytes) {
-    diags_.Error({}, "the file is " + std::to_string(text_.size() >> 20) +
-                         " MiB; pipeline files are limited to 8 MiB",
+    diags_.Error({}, "the file is larger than 8 MiB, the limit for pipeline files",
                  "is this the right file? generate large pipelines with fewer, matrix stages");
     return done();
   }
@@ -962,6 +964,8 @@ LoadResult Parser::Run() {
     return done();
   }
   InheritModels();
+  // Hardware rules need a well-formed pipeline; they run once the structure is sound.
+  if (!diags_.has_errors()) CheckPipeline(p_, diags_);
   p_.source = text_;
   p_.spec_hash = Sha256Hex(text_);
   return done();

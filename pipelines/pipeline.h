@@ -21,6 +21,12 @@ struct Stage {
   std::optional<sim::Workload> workload;  // sim stages
   std::string pool;                // worker pool of the instance type
   Loc loc;                         // where the stage is defined
+  std::map<std::string, Loc> fields;  // where each of its fields' values is
+  // The place of a field's value, or of the stage when the field is absent.
+  Loc At(const std::string& field) const {
+    auto it = fields.find(field);
+    return it == fields.end() ? loc : it->second;
+  }
 };
 
 struct Pipeline {

@@ -1,0 +1,13 @@
+#pragma once
+// The rules a pipeline must meet beyond its structure: Neuron hardware rules (tp degrees,
+// memory for weights, KV cache and training state, static shapes, compile target vs serving
+// family) as errors, and costly habits (long spot stages without checkpoints, compile stages
+// with the cache off, on-demand where spot saves more than half) as warnings.
+#include "pipelines/diagnostics.h"
+#include "pipelines/pipeline.h"
+
+namespace trnflow::pipelines {
+
+void CheckPipeline(const Pipeline& pipeline, Diagnostics& diagnostics);
+
+}  // namespace trnflow::pipelines
