@@ -8,6 +8,7 @@
 #include <map>
 
 #include "pipelines/dag.h"
+#include "sim/feasibility.h"
 #include "sim/perf_model.h"
 
 namespace trnflow::pipelines {
@@ -16,6 +17,51 @@ double Round(double v, int places) {
   double f = std::pow(10.0, places);
   return std::round(v * f) / f;
 }
+}  // namespace
+
+namespace {
+
+constexpr double kNoticeSeconds = 120;
+
+// Simulated seconds of work one interruption loses: half a checkpoint interval, none when the
+// state can be saved inside the notice, half the stage when it never checkpoints.
+double LostPerInterruption(const Stage& s, const sim::InstanceType& t, double seconds) {
+  const CheckpointPolicy& c = s.spec.checkpoint;
+  if (c.on_notice && s.workload && s.spec.kind == StageKind::kTrain) {
+    double bytes = 14.0 * s.workload->model.parameters;  // weights + optimizer, see sim/
+    double write_s = bytes / std::max(1e8, t.storage_write_gbps * 1e9 * s.spec.count);
+    if (write_s <= kNoticeSeconds) return 0;
+  }
+  if (c.every_s > 0) return std::min(c.every_s, seconds) / 2;
+  return seconds / 2;
+}
+
+// Among the instance types that can run this train or serving stage, the cheapest on its
+// market, if it is cheaper than the chosen one.
+void FindCheaper(const Pipeline& p, const Stage& s, StagePlan& sp) {
+  if (!s.workload || (s.spec.kind != StageKind::kTrain && s.spec.kind != StageKind::kDeploy &&
+                      s.spec.kind != StageKind::kBenchmark))
+    return;
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  std::string family;  // a serving stage must stay on the family its graphs were compiled for
+  for (const auto& n : s.needs)
+    if (const Stage* u = p.Find(n); u && u->spec.kind == StageKind::kCompile) family = u->workload->target;
+  bool spot = s.spec.market == Market::kSpot;
+  for (const auto& t : hw.instances()) {
+    if (t.name == s.spec.instance) continue;
+    if (!family.empty() && sim::CompileFamily(t.family) != family) continue;
+    bool fits = s.spec.kind == StageKind::kTrain ? sim::CheckTrain(*s.workload, t, s.spec.count).ok
+                                                 : sim::CheckServe(hw, *s.workload, t).ok;
+    if (!fits) continue;
+    double seconds = sim::EstimateStage(*s.workload, t, s.spec.count).seconds;
+    Money cost = Charge(t.price(spot), s.spec.count, seconds);
+    if (cost < sp.cost && (sp.cheaper_instance.empty() || cost < sp.cheaper_cost)) {
+      sp.cheaper_instance = t.name;
+      sp.cheaper_cost = cost;
+    }
+  }
+}
+
 }  // namespace
 
 Plan MakePlan(const Pipeline& p) {
@@ -49,9 +95,16 @@ Plan MakePlan(const Pipeline& p) {
     if (t) {
       sp.cost = Charge(t->price(s.spec.market == Market::kSpot), s.spec.count, seconds);
       sp.on_demand_cost = Charge(t->on_demand_per_hour, s.spec.count, seconds);
-      if (s.spec.market == Market::kSpot)
+      if (s.spec.market == Market::kSpot) {
         sp.expected_interruptions = sim::SpotInterruptionsPerHour(*t) * p.spot_rate_multiplier *
                                     sp.hours * s.spec.count;
+        double lost = LostPerInterruption(s, *t, seconds);
+        sp.expected_interruption_cost = Money::FromMicros(static_cast<int64_t>(
+            std::llround(sp.expected_interruptions *
+                         Charge(t->spot_per_hour, s.spec.count, lost).micros() *
+                         (lost > 0 ? 1 : 0))));
+      }
+      FindCheaper(p, s, sp);
     }
     double start = 0;
     for (const auto& n : s.needs) start = std::max(start, finish[n]);
@@ -69,18 +122,23 @@ Plan MakePlan(const Pipeline& p) {
 }
 
 std::string PlanToJson(const Plan& plan) {
-  nlohmann::json stages = nlohmann::json::array();
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (const auto& s : plan.stages) {
-    nlohmann::json j = {{"name", s.name},
+    nlohmann::ordered_json j = {{"name", s.name},
                         {"kind", s.kind},
                         {"instance", s.instance},
                         {"count", s.count},
                         {"market", s.market},
                         {"hours", Round(s.hours, 3)},
-                        {"cost_usd", Round(s.cost.usd(), 2)},
-                        {"on_demand_cost_usd", Round(s.on_demand_cost.usd(), 2)},
+                        {"cost_usd", s.cost.usd()},
+                        {"on_demand_cost_usd", s.on_demand_cost.usd()},
                         {"expected_interruptions", Round(s.expected_interruptions, 3)},
+                        {"expected_interruption_cost_usd",
+                         s.expected_interruption_cost.usd()},
                         {"cached", s.cached}};
+    if (!s.cheaper_instance.empty())
+      j["cheaper_alternative"] = {{"instance", s.cheaper_instance},
+                                  {"cost_usd", s.cheaper_cost.usd()}};
     if (s.tokens_per_second > 0) j["tokens_per_second"] = Round(s.tokens_per_second, 1);
     if (s.kind == "deploy" || s.kind == "benchmark") {
       j["ms_per_token"] = Round(s.ms_per_token, 2);
@@ -89,10 +147,10 @@ std::string PlanToJson(const Plan& plan) {
     }
     stages.push_back(std::move(j));
   }
-  nlohmann::json out = {{"pipeline", plan.pipeline},
+  nlohmann::ordered_json out = {{"pipeline", plan.pipeline},
                         {"stages", stages},
                         {"total_hours", Round(plan.total_hours, 3)},
-                        {"total_cost_usd", Round(plan.total_cost.usd(), 2)}};
+                        {"total_cost_usd", plan.total_cost.usd()}};
   return out.dump(2) + "\n";
 }
 
@@ -108,8 +166,9 @@ std::string PlanToTable(const Plan& plan) {
   for (const auto& s : plan.stages) {
     std::string notes;
     if (s.expected_interruptions > 0.005) {
-      char b[64];
-      std::snprintf(b, sizeof b, "~%.2f interruptions", s.expected_interruptions);
+      char b[96];
+      std::snprintf(b, sizeof b, "~%.2f interruptions (~%s lost)", s.expected_interruptions,
+                    s.expected_interruption_cost.ToDollars().c_str());
       notes = b;
     }
     if (s.ms_per_token > 0) {
@@ -123,6 +182,9 @@ std::string PlanToTable(const Plan& plan) {
       std::snprintf(b, sizeof b, "%s%.0f tok/s", notes.empty() ? "" : "; ", s.tokens_per_second);
       notes += b;
     }
+    if (!s.cheaper_instance.empty())
+      notes += (notes.empty() ? "" : "; ") + std::string("cheaper: ") + s.cheaper_instance + " " +
+               s.cheaper_cost.ToDollars();
     std::string inst = s.instance + (s.count > 1 ? " x" + std::to_string(s.count) : "");
     std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8.2f  %10s  %10s  %s\n",
                   static_cast<int>(w), s.name.c_str(), s.kind.c_str(), inst.c_str(),

@@ -21,7 +21,11 @@ struct StagePlan {
   Money cost;
   Money on_demand_cost;
   double expected_interruptions = 0;
+  Money expected_interruption_cost;  // work expected to be lost to interruptions
   bool cached = false;
+  // The cheapest instance type that can run the same work, when it costs less.
+  std::string cheaper_instance;
+  Money cheaper_cost;
   double tokens_per_second = 0;
   double ms_per_token = 0;
   double ttft_ms = 0;
