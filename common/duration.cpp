@@ -23,7 +23,8 @@ std::optional<double> ParseDuration(std::string_view text) {
     size_t start = i;
     while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
     if (i == start || i == s.size()) return std::nullopt;
-    double value = std::strtod(s.substr(start, i - start).c_str(), &end);
+    std::string digits = s.substr(start, i - start);
+    double value = std::strtod(digits.c_str(), &end);
     if (*end != '\0' || !std::isfinite(value)) return std::nullopt;
     int rank;
     double unit;

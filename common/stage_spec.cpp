@@ -80,7 +80,7 @@ std::string ToJson(const StageSpec& s) {
       {"timeout_s", s.timeout_s},
       {"cache", s.cache},
   };
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 StageSpec StageSpecFromJson(std::string_view text) {

@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 ops/setup.sh
 echo "== running the tests"
 ctest --test-dir build --output-on-failure --timeout 600 -j 2
+ops/fuzz.sh "${TRNFLOW_FUZZ_SECONDS:-60}"

@@ -104,8 +104,9 @@ class Parser {
   bool ExpectMap(const YAML::Node& n, const std::string& what);
   std::optional<std::string> Text(const YAML::Node& n, const std::string& what,
                                   const Scope& scope);
+  // A finite number in [min, max]; with `scaled`, a count may carry a suffix: 20B, 1.5T, 100K.
   std::optional<double> Number(const YAML::Node& n, const std::string& what, const Scope& scope,
-                               double min, double max);
+                               double min, double max, bool scaled = false);
   std::optional<int> Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
                              int min, int max);
   std::optional<bool> Bool(const YAML::Node& n, const std::string& what, const Scope& scope);
@@ -253,10 +254,21 @@ std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& 
 }
 
 std::optional<double> Parser::Number(const YAML::Node& n, const std::string& what,
-                                     const Scope& scope, double min, double max) {
+                                     const Scope& scope, double min, double max, bool scaled) {
   auto text = Text(n, what, scope);
   if (!text) return std::nullopt;
-  const std::string& s = *text;
+  std::string s = *text;
+  double scale = 1;
+  if (scaled && s.size() > 1) {
+    switch (s.back()) {
+      case 'K': scale = 1e3; break;
+      case 'M': scale = 1e6; break;
+      case 'B': case 'G': scale = 1e9; break;
+      case 'T': scale = 1e12; break;
+      default: break;
+    }
+    if (scale != 1) s.pop_back();
+  }
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(s.c_str(), &end);
@@ -266,17 +278,19 @@ std::optional<double> Parser::Number(const YAML::Node& n, const std::string& wha
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   if (lower.find("nan") != std::string::npos || lower.find("inf") != std::string::npos ||
       (numeric && !std::isfinite(v)) || errno == ERANGE) {
-    diags_.Error(At(n), what + " must be a finite number, not '" + s + "'");
+    diags_.Error(At(n), what + " must be a finite number, not '" + *text + "'");
     return std::nullopt;
   }
   if (!numeric) {
-    diags_.Error(At(n), what + " must be a number, not '" + s + "'",
-                 "write plain or scientific notation, e.g. 2048 or 2.0e10");
+    diags_.Error(At(n), what + " must be a number, not '" + *text + "'",
+                 scaled ? "write 2048, 2.0e10 or 20B (K, M, B, T)"
+                        : "write plain or scientific notation, e.g. 2048 or 2.0e10");
     return std::nullopt;
   }
+  v *= scale;
   if (v < min || v > max) {
     std::ostringstream range;
-    range << what << " must be between " << min << " and " << max << ", not " << s;
+    range << what << " must be between " << min << " and " << max << ", not " << *text;
     diags_.Error(At(n), range.str());
     return std::nullopt;
   }
@@ -379,7 +393,7 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
     }
   if (!ok) return std::nullopt;
   auto name = Text(n["name"], "model.name", scope);
-  auto params = Number(n["parameters"], "model.parameters", scope, 1e3, 1e13);
+  auto params = Number(n["parameters"], "model.parameters", scope, 1e3, 1e13, true);
   auto layers = Integer(n["layers"], "model.layers", scope, 1, 1000);
   auto hidden = Integer(n["hidden"], "model.hidden", scope, 1, 1 << 20);
   if (!name || !params || !layers || !hidden) return std::nullopt;
@@ -497,7 +511,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
                    "digit");
       continue;
     }
-    const YAML::Node& n = it->second;
+    const YAML::Node n = it->second;  // a copy: the iterator's value is a temporary
     if (!n.IsMap()) {
       diags_.Error(At(n, name_loc), "stage '" + name + "' must be a mapping of its fields",
                    "give it at least run: or kind:");
@@ -530,7 +544,8 @@ void Parser::ParseStages(const YAML::Node& stages) {
         continue;
       }
       std::set<std::string> values;
-      for (const auto& v : m->second) {
+      const YAML::Node list = m->second;  // a copy: the iterator's value is a temporary
+      for (const auto& v : list) {
         if (!v.IsScalar()) {
           diags_.Error(At(v), "matrix values must be single values");
           ok = false;
@@ -735,7 +750,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
         diags_.Error(name_loc, "train stage '" + st.base_name + "' needs a model:",
                      "name a catalog model (e.g. llama-2-7b) or describe one inline");
       if (n["tokens"]) {
-        if (auto v = Number(n["tokens"], "tokens", scope, 1, 1e16)) w.tokens = *v;
+        if (auto v = Number(n["tokens"], "tokens", scope, 1, 1e16, true)) w.tokens = *v;
       } else if (missing("tokens")) {
         diags_.Error(name_loc, "train stage '" + st.base_name + "' needs tokens:",
                      "the number of training tokens, e.g. tokens: 2.0e10");
@@ -798,7 +813,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       if (n["requests"] && n["duration"]) {
         diags_.Error(At(n["duration"]), "give requests: or duration:, not both");
       } else if (n["requests"]) {
-        if (auto v = Number(n["requests"], "requests", scope, 1, 1e12)) w.requests = *v;
+        if (auto v = Number(n["requests"], "requests", scope, 1, 1e12, true)) w.requests = *v;
       } else if (n["duration"]) {
         if (auto v = Duration(n["duration"], "duration", scope)) w.duration_s = *v;
       } else if (missing("requests") && missing("duration")) {
@@ -872,6 +887,30 @@ void Parser::InheritModels() {
   }
 }
 
+// The offset of the first byte that is not valid UTF-8, or npos. YAML files are UTF-8 text;
+// anything else would travel into the catalog as JSON that cannot be written.
+size_t InvalidUtf8(const std::string& text) {
+  size_t i = 0, n = text.size();
+  while (i < n) {
+    auto c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > n || (len == 2 && c < 0xC2)) return i;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
+Loc LocOfOffset(const std::string& text, size_t offset) {
+  Loc loc{1, 1};
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') loc.line++, loc.col = 1;
+    else loc.col++;
+  }
+  return loc;
+}
+
 LoadResult Parser::Run() {
   auto done = [&]() {
     LoadResult r{std::nullopt, std::move(diags_)};
@@ -886,6 +925,11 @@ LoadResult Parser::Run() {
   if (text_.find('\0') != std::string::npos) {
     diags_.Error({}, "the file contains NUL bytes: it is not a YAML text file",
                  "check the path: trnflow expects a pipeline YAML file");
+    return done();
+  }
+  if (size_t bad = InvalidUtf8(text_); bad != std::string::npos) {
+    diags_.Error(LocOfOffset(text_, bad), "the file is not valid UTF-8 text",
+                 "save it as UTF-8 (iconv -f latin1 -t utf-8 FILE)");
     return done();
   }
   YAML::Node root;

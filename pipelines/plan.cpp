@@ -151,7 +151,7 @@ std::string PlanToJson(const Plan& plan) {
                         {"stages", stages},
                         {"total_hours", Round(plan.total_hours, 3)},
                         {"total_cost_usd", plan.total_cost.usd()}};
-  return out.dump(2) + "\n";
+  return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 std::string PlanToTable(const Plan& plan) {

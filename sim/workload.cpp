@@ -28,7 +28,7 @@ std::string ToJson(const Workload& w) {
       {"requests", w.requests},
       {"duration_s", w.duration_s},
   };
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Workload WorkloadFromJson(std::string_view text) {

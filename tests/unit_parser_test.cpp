@@ -103,6 +103,17 @@ TEST(Parser, ParamOverridesStayTyped) {
   EXPECT_NE(OnlyError(unknown).find("did you mean 'tokens'?"), std::string::npos);
 }
 
+TEST(Parser, CountsTakeSizeSuffixes) {
+  auto r = Parse(kSmall, {{{"tokens", "1.5T"}}, ""});
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  EXPECT_EQ(r.pipeline->Find("train")->workload->tokens, 1.5e12);
+  r = Parse(kSmall, {{{"tokens", "20B"}}, ""});
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  EXPECT_EQ(r.pipeline->Find("train")->workload->tokens, 20e9);
+  EXPECT_FALSE(Parse(kSmall, {{{"tokens", "20X"}}, ""}).pipeline);
+  EXPECT_FALSE(Parse(kSmall, {{{"tokens", "B"}}, ""}).pipeline);
+}
+
 TEST(Parser, UnknownFieldIsLocatedWithDidYouMean) {
   std::string text = kSmall;
   text.replace(text.find("    needs: [prep]"), 17, "    neds: [prep]");
