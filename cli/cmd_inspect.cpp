@@ -31,7 +31,8 @@ int CmdValidate(const std::vector<std::string>& files) {
       int n = r.diagnostics.error_count();
       std::cerr << n << (n == 1 ? " error" : " errors") << " in " << f << "\n";
     } else {
-      std::cout << f << ": ok (" << r.pipeline->stages.size() << " stages)\n";
+      size_t n = r.pipeline->stages.size();
+      std::cout << f << ": ok (" << n << (n == 1 ? " stage)\n" : " stages)\n");
     }
   }
   return bad ? kExitBadInput : kExitOk;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <set>
 
 #include "sim/feasibility.h"
@@ -52,8 +53,7 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
                   who + f.message, f.hint);
         break;
       case StageKind::kCompile:
-        if (sim::Fit f = sim::CheckCompile(hw, w); !f.ok) d.Error(s.At("tp_degree"), who + f.message, f.hint);
-        break;
+        break;  // checked per matrix group in CheckPipeline
       case StageKind::kDeploy:
       case StageKind::kBenchmark: {
         if (sim::Fit f = sim::CheckServe(hw, w, *t); !f.ok) {
@@ -68,10 +68,21 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
         if (compiles.empty()) break;
         int max_seq = 0, max_batch = 0;
         std::set<std::string> targets;
+        std::set<int> tps;
         for (const Stage* c : compiles) {
           max_seq = std::max(max_seq, c->workload->seq_len);
           max_batch = std::max(max_batch, c->workload->batch);
           targets.insert(c->workload->target);
+          tps.insert(c->workload->tp_degree);
+        }
+        if (!tps.count(w.tp_degree)) {
+          std::string compiled;
+          for (int tp : tps) compiled += (compiled.empty() ? "" : ", ") + std::to_string(tp);
+          d.Error(s.At("tp_degree"),
+                  who + "serves at tp_degree " + std::to_string(w.tp_degree) +
+                      " graphs compiled for tp_degree " + compiled,
+                  "a Neuron graph runs only at the tp_degree it was compiled for: use tp_degree " +
+                      std::to_string(*tps.begin()));
         }
         std::string family = sim::CompileFamily(t->family);
         for (const auto& target : targets)
@@ -132,6 +143,26 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
 
 void CheckPipeline(const Pipeline& p, Diagnostics& d) {
   for (const auto& s : p.stages) CheckStage(p, s, d);
+  // Compile stages: one report per stage of the file, for its hardest matrix combination
+  // (largest batch x seq_len that fails), so the hint covers every bucket.
+  std::map<std::string, std::pair<const Stage*, sim::Fit>> worst;
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  for (const auto& s : p.stages) {
+    if (s.spec.kind != StageKind::kCompile || !s.workload) continue;
+    sim::Fit f = sim::CheckCompile(hw, *s.workload);
+    if (f.ok) continue;
+    auto size = [](const Stage* x) {
+      return static_cast<double>(x->workload->batch) * x->workload->seq_len;
+    };
+    auto it = worst.find(s.base_name);
+    if (it == worst.end() || size(&s) > size(it->second.first)) worst[s.base_name] = {&s, f};
+  }
+  for (const auto& [base, failure] : worst) {
+    const Stage* s = failure.first;
+    const sim::Fit& f = failure.second;
+    std::string field = f.message.find("seq_len") == 0 ? "seq_len" : "tp_degree";
+    d.Error(s->At(field), "stage '" + s->spec.name + "': " + f.message, f.hint);
+  }
 }
 
 }  // namespace trnflow::pipelines

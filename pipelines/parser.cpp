@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -166,6 +167,16 @@ std::set<std::string> Parser::CheckMap(const YAML::Node& map,
     }
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
       std::string close = ClosestMatch(key, allowed);
+      if (size_t colon = key.find(':'); colon != std::string::npos) {
+        // `instance:c6i.xlarge` is one plain scalar in YAML: the space is what makes a key.
+        std::string field = key.substr(0, colon);
+        if (std::find(allowed.begin(), allowed.end(), field) != allowed.end()) {
+          typo_of.insert(field);
+          diags_.Error(At(it->first), "unknown field '" + key + "' in " + what,
+                       "put a space after the colon: `" + field + ": " + key.substr(colon + 1) + "`");
+          continue;
+        }
+      }
       if (!close.empty()) typo_of.insert(close);
       diags_.Error(At(it->first), "unknown field '" + key + "' in " + what,
                    close.empty() ? "allowed here: " + Join(allowed, ", ")
@@ -250,7 +261,13 @@ std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& 
                             (n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null"));
     return std::nullopt;
   }
-  return Interpolate(n.Scalar(), At(n), scope);
+  Loc loc = At(n);
+  // A quoted scalar's mark is its opening quote; its text starts one column later.
+  const YAML::Mark m = n.Mark();
+  if (!m.is_null() && m.pos >= 0 && static_cast<size_t>(m.pos) < text_.size() &&
+      (text_[m.pos] == '"' || text_[m.pos] == '\''))
+    loc.col += 1;
+  return Interpolate(n.Scalar(), loc, scope);
 }
 
 std::optional<double> Parser::Number(const YAML::Node& n, const std::string& what,
@@ -324,8 +341,13 @@ std::optional<double> Parser::Duration(const YAML::Node& n, const std::string& w
   if (!text) return std::nullopt;
   auto d = ParseDuration(*text);
   if (!d) {
-    diags_.Error(At(n), what + " must be a duration, not '" + *text + "'",
-                 "write it like 30s, 10m, 2h or 1h30m");
+    static const std::regex zero(R"(^(0+(\.0*)?[dhms]?)+$)");
+    if (std::regex_match(*text, zero))
+      diags_.Error(At(n), what + " must be longer than zero, not '" + *text + "'",
+                   "give it a positive duration like 30s, 10m or 2h, or leave it out");
+    else
+      diags_.Error(At(n), what + " must be a duration, not '" + *text + "'",
+                   "write it like 30s, 10m, 2h or 1h30m");
     return std::nullopt;
   }
   if (*d > 365.0 * 86400) {
@@ -380,13 +402,15 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
     return std::nullopt;
   }
   if (!ExpectMap(n, "model")) return std::nullopt;
-  CheckMap(n, {"name", "parameters", "layers", "hidden", "heads", "kv_heads", "vocab", "context",
-               "architecture"},
-           "model");
+  const auto typos = CheckMap(n, {"name", "parameters", "layers", "hidden", "heads", "kv_heads",
+                                  "vocab", "context", "architecture"},
+                              "model");
   sim::Model m;
   bool ok = true;
   for (const char* key : {"name", "parameters", "layers", "hidden"})
-    if (!n[key]) {
+    if (!n[key] && typos.count(key)) {
+      ok = false;  // reported as the typo it is
+    } else if (!n[key]) {
       diags_.Error(At(n), std::string("inline model lacks '") + key + "'",
                    "an inline model needs name, parameters, layers and hidden");
       ok = false;
@@ -487,19 +511,42 @@ void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, Checkpoint
 }
 
 void Parser::ParseStages(const YAML::Node& stages) {
+  if (stages.IsSequence()) {
+    diags_.Error(At(stages), "stages must be a mapping from stage name to stage, not a list",
+                 "write `  train:` with the stage's fields indented under it, not `- train`");
+    return;
+  }
   if (!ExpectMap(stages, "stages")) return;
   if (stages.size() == 0) {
     diags_.Error(At(stages), "the pipeline has no stages", "add at least one under stages:");
     return;
   }
+  std::vector<std::pair<YAML::Node, YAML::Node>> entries;
+  for (auto it = stages.begin(); it != stages.end(); ++it) entries.push_back({it->first, it->second});
+  std::set<std::string> field_names(kCommonStageKeys.begin(), kCommonStageKeys.end());
+  for (const auto& [kind, keys] : kKindKeys) field_names.insert(keys.begin(), keys.end());
   std::set<std::string> seen;
-  for (auto it = stages.begin(); it != stages.end(); ++it) {
-    Loc name_loc = At(it->first);
-    if (!it->first.IsScalar()) {
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const YAML::Node& key = entries[e].first;
+    Loc name_loc = At(key);
+    if (!key.IsScalar()) {
       diags_.Error(name_loc, "a stage name must be a plain name");
       continue;
     }
-    std::string name = it->first.Scalar();
+    std::string name = key.Scalar();
+    // `prep:` followed by its fields at the same indentation: YAML reads the fields as more
+    // stages. Say so once instead of once per field.
+    if (entries[e].second.IsNull() && e + 1 < entries.size() && entries[e + 1].first.IsScalar() &&
+        field_names.count(entries[e + 1].first.Scalar())) {
+      std::vector<std::string> fields;
+      while (e + 1 < entries.size() && entries[e + 1].first.IsScalar() &&
+             field_names.count(entries[e + 1].first.Scalar()))
+        fields.push_back(entries[++e].first.Scalar());
+      diags_.Error(name_loc, "stage '" + name + "' has no fields: " + Join(fields, ", ") +
+                                 " below it are not indented under it",
+                   "indent the fields of '" + name + "' two spaces more than its name");
+      continue;
+    }
     if (!seen.insert(name).second) {
       diags_.Error(name_loc, "duplicate stage name '" + name + "'",
                    "stage names must be unique; rename one of them");
@@ -511,9 +558,10 @@ void Parser::ParseStages(const YAML::Node& stages) {
                    "digit");
       continue;
     }
-    const YAML::Node n = it->second;  // a copy: the iterator's value is a temporary
+    const YAML::Node n = entries[e].second;
     if (!n.IsMap()) {
-      diags_.Error(At(n, name_loc), "stage '" + name + "' must be a mapping of its fields",
+      diags_.Error(n.IsNull() ? name_loc : At(n, name_loc),
+                   "stage '" + name + "' must be a mapping of its fields",
                    "give it at least run: or kind:");
       continue;
     }
@@ -720,6 +768,12 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
           diags_.Error(At(run), "unbalanced quote in run: command");
         } else if (words->empty()) {
           diags_.Error(At(run), "run: is empty", "name the program to run");
+        } else if (std::string bare = std::regex_replace(*v, std::regex(R"(\$\{\{[^}]*\}\})"), "");
+                   bare.find_first_of("|&;<>`$*?") != std::string::npos) {
+          char c = bare[bare.find_first_of("|&;<>`$*?")];
+          diags_.Error(At(run), std::string("run: uses the shell character '") + c +
+                                    "' but runs without a shell",
+                       "add shell: true to run it under /bin/sh, or write the command as a list");
         } else {
           st.spec.command.argv = *words;
         }
@@ -807,9 +861,10 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
       int_field("input_tokens", 1, 1 << 22, &w.input_tokens);
       int_field("output_tokens", 1, 1 << 22, &w.output_tokens);
-      if (missing("input_tokens") || missing("output_tokens"))
-        diags_.Error(name_loc, "stage '" + st.base_name + "' needs input_tokens: and output_tokens:",
-                     "the shape of one request, e.g. input_tokens: 512, output_tokens: 256");
+      for (const char* key : {"input_tokens", "output_tokens"})
+        if (missing(key))
+          diags_.Error(name_loc, "stage '" + st.base_name + "' needs " + key + ":",
+                       "the shape of one request, e.g. input_tokens: 512, output_tokens: 256");
       if (n["requests"] && n["duration"]) {
         diags_.Error(At(n["duration"]), "give requests: or duration:, not both");
       } else if (n["requests"]) {
@@ -837,7 +892,7 @@ void Parser::ResolveNeeds() {
     if (names.empty() || names.back() != s.base_name) names.push_back(s.base_name);
   }
   for (auto& s : p_.stages) {
-    std::set<std::string> seen;
+    std::set<std::string> seen, added;
     for (const auto& [need, loc] : raw_needs_[s.spec.name]) {
       std::vector<std::string> targets;
       if (auto e = expansions_.find(need); e != expansions_.end()) {
@@ -845,9 +900,19 @@ void Parser::ResolveNeeds() {
       } else if (all.count(need)) {
         targets = {need};
       } else {
-        std::string hint = DidYouMean(need, names);
+        std::vector<std::string> others;
+        for (const auto& n : names)
+          if (n != s.base_name) others.push_back(n);
+        std::string hint = DidYouMean(need, others);
+        if (need.find(',') != std::string::npos)
+          hint = "needs takes a list: needs: [" + need + "]";
         diags_.Error(loc, "stage '" + s.base_name + "' needs unknown stage '" + need + "'",
-                     hint.empty() ? "stages: " + Join(names, ", ") : hint);
+                     hint.empty() ? "stages: " + Join(others, ", ") : hint);
+        continue;
+      }
+      if (!seen.insert(need).second) {
+        diags_.Warning(loc, "stage '" + s.base_name + "' lists '" + need + "' in needs twice",
+                       "remove the repeat");
         continue;
       }
       if (need == s.base_name || need == s.spec.name) {
@@ -856,7 +921,7 @@ void Parser::ResolveNeeds() {
         continue;
       }
       for (const auto& t : targets)
-        if (seen.insert(t).second) s.needs.push_back(t);
+        if (added.insert(t).second) s.needs.push_back(t);
     }
   }
 }
@@ -911,6 +976,60 @@ Loc LocOfOffset(const std::string& text, size_t offset) {
   return loc;
 }
 
+// yaml-cpp reports where it gave up, often a line or more past the real mistake. After a
+// syntax error, look for the usual culprits before the place it names: a tab in the
+// indentation, a flow list or mapping never closed, a quoted string never closed.
+std::optional<Diagnostic> ExplainSyntaxError(const std::string& text, size_t error_offset) {
+  size_t limit = std::min(error_offset, text.size());
+  size_t line_start = 0;
+  int line = 1;
+  std::vector<std::pair<char, Loc>> open;  // unclosed '[' and '{'
+  std::optional<Loc> open_quote;
+  while (line_start <= limit && line_start < text.size()) {
+    size_t end = text.find('\n', line_start);
+    if (end == std::string::npos) end = text.size();
+    std::string l = text.substr(line_start, end - line_start);
+    size_t indent = l.find_first_not_of(' ');
+    if (indent != std::string::npos && l[indent] == '\t')
+      return Diagnostic{Severity::kError, {line, static_cast<int>(indent) + 1},
+                        "a tab indents this line; YAML indentation must be spaces",
+                        "replace the tab with spaces"};
+    char quote = 0;
+    Loc quote_at;
+    for (size_t i = 0; i < l.size(); ++i) {
+      char c = l[i];
+      if (quote) {
+        if (c == '\\' && quote == '"') ++i;
+        else if (c == quote) quote = 0;
+        continue;
+      }
+      if (c == '#' && (i == 0 || l[i - 1] == ' ')) break;
+      if ((c == '"' || c == '\'') && (i == 0 || std::strchr(" [{,:", l[i - 1]))) {
+        quote = c;
+        quote_at = {line, static_cast<int>(i) + 1};
+      } else if (c == '[' || c == '{') {
+        open.push_back({c, {line, static_cast<int>(i) + 1}});
+      } else if ((c == ']' || c == '}') && !open.empty()) {
+        open.pop_back();
+      }
+    }
+    if (quote && !open_quote) open_quote = quote_at;
+    line_start = end + 1;
+    ++line;
+  }
+  if (open_quote)
+    return Diagnostic{Severity::kError, *open_quote, "this quoted string is never closed",
+                      "add the closing quote on the same line"};
+  if (!open.empty()) {
+    char c = open.back().first;
+    return Diagnostic{Severity::kError, open.back().second,
+                      std::string("this '") + c + "' is never closed",
+                      std::string("close it with '") + (c == '[' ? ']' : '}') +
+                          "' (a flow list or mapping must be closed)"};
+  }
+  return std::nullopt;
+}
+
 LoadResult Parser::Run() {
   auto done = [&]() {
     LoadResult r{std::nullopt, std::move(diags_)};
@@ -936,11 +1055,37 @@ LoadResult Parser::Run() {
   try {
     root = YAML::Load(text_);
   } catch (const YAML::ParserException& e) {
-    diags_.Error({e.mark.line + 1, e.mark.column + 1}, "invalid YAML: " + e.msg,
-                 "check the indentation and quoting around this place");
+    size_t offset = e.mark.pos >= 0 ? static_cast<size_t>(e.mark.pos) : text_.size();
+    if (auto why = ExplainSyntaxError(text_, offset)) {
+      diags_.Error(why->loc, "invalid YAML: " + why->message, why->hint);
+    } else {
+      diags_.Error({e.mark.line + 1, e.mark.column + 1}, "invalid YAML: " + e.msg,
+                   "check the indentation and quoting around this place");
+    }
     return done();
   } catch (const YAML::Exception& e) {
     diags_.Error({}, std::string("invalid YAML: ") + e.what());
+    return done();
+  }
+  // A stray `---` starts a second document that YAML::Load would silently drop.
+  for (size_t pos = text_.find("---"); pos != std::string::npos; pos = text_.find("---", pos + 3)) {
+    bool line_start = pos == 0 || text_[pos - 1] == '\n';
+    bool alone = pos + 3 >= text_.size() || std::isspace(static_cast<unsigned char>(text_[pos + 3]));
+    if (!line_start || !alone) continue;
+    if (text_.find_first_not_of(" \t\r\n", 0) == pos) continue;  // a leading marker is fine
+    if (text_.substr(0, pos).find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    bool only_comments = true;
+    for (size_t l = 0; l < pos;) {
+      size_t e = text_.find('\n', l);
+      std::string line = text_.substr(l, (e == std::string::npos ? pos : e) - l);
+      size_t first = line.find_first_not_of(" \t\r");
+      if (first != std::string::npos && line[first] != '#' && line.rfind("%", 0) != 0)
+        only_comments = false;
+      l = e == std::string::npos ? pos : e + 1;
+    }
+    if (only_comments) continue;
+    diags_.Error(LocOfOffset(text_, pos), "a second YAML document starts here ('---')",
+                 "a pipeline file holds one document: remove the '---' line");
     return done();
   }
   if (!root.IsMap()) {
@@ -951,7 +1096,8 @@ LoadResult Parser::Run() {
   CheckMap(root, kRootKeys, "the pipeline");
   Scope top{&p_.params, nullptr, ""};
   if (!root["pipeline"]) {
-    diags_.Error({1, 1}, "missing required field 'pipeline'", "add `pipeline: my-pipeline`");
+    diags_.Error(At(root, {1, 1}), "missing required field 'pipeline'",
+                 "add `pipeline: my-pipeline`");
   } else if (auto v = Text(root["pipeline"], "pipeline", top)) {
     if (!std::regex_match(*v, kPipelineName))
       diags_.Error(At(root["pipeline"]), "invalid pipeline name '" + *v + "'",
@@ -970,7 +1116,7 @@ LoadResult Parser::Run() {
   } else if (root["project"]) {
     if (auto v = Text(root["project"], "project", top)) p_.project = *v;
   } else {
-    diags_.Error({1, 1}, "missing field 'project'",
+    diags_.Error(At(root, {1, 1}), "missing field 'project'",
                  "add `project: NAME` to the file or pass --project NAME");
   }
   if (!p_.project.empty() && !std::regex_match(p_.project, kPipelineName))
@@ -995,7 +1141,7 @@ LoadResult Parser::Run() {
     else defaults_ = YAML::Node();
   }
   if (!root["stages"]) {
-    diags_.Error({1, 1}, "missing required field 'stages'",
+    diags_.Error(At(root, {1, 1}), "missing required field 'stages'",
                  "add a stages: mapping of stage name to stage");
     return done();
   }

@@ -92,9 +92,18 @@ Fit CheckReplica(const Catalog& c, const Workload& w, const std::string& family,
     return {false, msg,
             "use tp_degree " + std::to_string(v) +
                 (inst.empty() ? "" : " (" + std::to_string(v) + " NeuronCores: " + inst + ")") +
-                ", or a smaller batch"};
+                (w.batch > 1 ? ", or a smaller batch" : "")};
   }
   return {false, msg, "no tp_degree on " + CompileFamily(family) + " holds it: pick a larger family"};
+}
+}  // namespace
+
+namespace {
+Fit CheckContext(const Workload& w, int tokens, const char* what) {
+  if (w.model.context <= 0 || tokens <= w.model.context) return {};
+  return {false, std::string(what) + " " + std::to_string(tokens) + " is longer than " +
+                     w.model.name + "'s context (" + std::to_string(w.model.context) + " tokens)",
+          "keep it within " + std::to_string(w.model.context) + " tokens"};
 }
 }  // namespace
 
@@ -111,12 +120,14 @@ Fit CheckServe(const Catalog& c, const Workload& w, const InstanceType& t) {
             inst.empty() ? "lower tp_degree" : "use " + inst + ", or lower tp_degree"};
   }
   int context = w.input_tokens + w.output_tokens;
+  if (Fit f = CheckContext(w, context, "input_tokens + output_tokens ="); !f.ok) return f;
   return CheckReplica(c, w, t.family, tp, context > 0 ? context : w.seq_len);
 }
 
 Fit CheckCompile(const Catalog& c, const Workload& w) {
   int tp = std::max(1, w.tp_degree);
   if (Fit f = CheckTpDegree(tp, w.target); !f.ok) return f;
+  if (Fit f = CheckContext(w, w.seq_len, "seq_len"); !f.ok) return f;
   return CheckReplica(c, w, w.target, tp, w.seq_len);
 }
 
@@ -131,6 +142,14 @@ Fit CheckTrain(const Workload& w, const InstanceType& t, int count) {
             "use tp ≤ " + std::to_string(cores) + " or a larger instance"};
   if (t.accelerator == "trainium")
     if (Fit f = CheckTpDegree(w.tp, t.family); !f.ok) return {false, "parallelism.tp: " + f.message, f.hint};
+  if (w.tp * w.pp > cores * count) {
+    int instances = (w.tp * w.pp + cores - 1) / cores;
+    return {false, "parallelism tp " + std::to_string(w.tp) + " x pp " + std::to_string(w.pp) +
+                       " needs " + std::to_string(w.tp * w.pp) + " NeuronCores; " +
+                       std::to_string(count) + " x " + t.name + " has " + std::to_string(cores * count),
+            "set count: " + std::to_string(instances) + ", or lower pp"};
+  }
+  if (Fit f = CheckContext(w, w.seq_len, "seq_len"); !f.ok) return f;
   double need = TrainingStateBytes(w.model);
   double have = t.hbm_gib() * kGiB * count;
   if (need <= have) return {};

@@ -169,6 +169,17 @@ TEST(Parser, SelfDependencyAndDuplicateStages) {
       << dup.diagnostics.Format();
 }
 
+TEST(Parser, RepeatedNeedsAreAWarningNotAnError) {
+  auto r = Parse(
+      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
+      "  b:\n    run: [\"true\"]\n    needs: [a, a]\n");
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  EXPECT_EQ(r.pipeline->Find("b")->needs.size(), 1u);
+  EXPECT_NE(r.diagnostics.Format().find("p.yaml:8:16: warning: stage 'b' lists 'a' in needs twice"),
+            std::string::npos)
+      << r.diagnostics.Format();
+}
+
 TEST(Parser, KindAndRunTogetherIsAnError) {
   auto r = Parse(
       "pipeline: x\nproject: lab\nstages:\n  t:\n    kind: train\n    run: [\"true\"]\n"
@@ -182,7 +193,7 @@ TEST(Parser, SyntaxErrorsAndBadExpressionsAreLocated) {
   EXPECT_NE(syntax.diagnostics.Format().find("invalid YAML"), std::string::npos);
   auto expr = Parse(
       "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"echo\", \"${{ params.nope }}\"]\n");
-  EXPECT_NE(OnlyError(expr).find("p.yaml:5:19: error: unknown parameter 'nope'"), std::string::npos)
+  EXPECT_NE(OnlyError(expr).find("p.yaml:5:20: error: unknown parameter 'nope'"), std::string::npos)
       << expr.diagnostics.Format();
   auto open = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: \"echo ${{ run.id\"\n");
   EXPECT_NE(OnlyError(open).find("unterminated expression"), std::string::npos);
