@@ -157,6 +157,40 @@ TEST(Cli, ValidateAndPlanTheExample) {
   EXPECT_NE(missing.err.find("no run 999999"), std::string::npos);
 }
 
+// Hostile files end promptly with exit 2 and a message: never a crash or a hang. (`timeout`
+// turns a hang into exit 124; the limit is generous so a slow machine is not a failure.)
+TEST(Cli, HostileFilesAreRefusedNotFatal) {
+  std::string bomb = "pipeline: bomb\nproject: lab\nparams:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 12; ++i) {
+    bomb += "  a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) bomb += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  bomb += "stages:\n  a:\n    run: *a11\n    needs: *a11\n";
+  std::string deep = "pipeline: deep\nproject: lab\nstages: " + std::string(20000, '[') +
+                     std::string(20000, ']') + "\n";
+  std::string deep_maps = "pipeline: deep\nproject: lab\nstages: ";
+  for (int i = 0; i < 20000; ++i) deep_maps += "{a: ";
+  deep_maps += "1" + std::string(20000, '}') + "\n";
+  std::string big = "pipeline: big\nproject: lab\nstages:\n";
+  while (big.size() < 20u << 20) big += "  s" + std::to_string(big.size()) + ":\n    run: [\"true\"]\n";
+  std::string garbage;
+  uint64_t x = 88172645463325252ULL;
+  for (int i = 0; i < 1 << 20; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    garbage += static_cast<char>(x & 0xFF);
+  }
+  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+           {"bomb.yaml", bomb}, {"deep.yaml", deep}, {"deep-maps.yaml", deep_maps},
+           {"big.yaml", big}, {"garbage.yaml", garbage}}) {
+    std::string file = WriteTemp(name, text);
+    Result r = Trnflow("validate " + file, "timeout 60");
+    EXPECT_EQ(r.exit_code, 2) << name << ": " << r.err.substr(0, 500);
+    EXPECT_NE(r.err.find("error: "), std::string::npos) << name;
+    std::filesystem::remove(file);
+  }
+}
+
 }  // namespace trnflow
 
 int main(int argc, char** argv) {
