@@ -85,6 +85,7 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   auto stages = catalog->GetStages(run_id);
   auto attempts = catalog->GetAttempts(run_id);
+  auto metrics = catalog->LatestStageMetrics(run_id);
   if (!stage_filter.empty()) {
     bool found = false;
     for (const auto& s : stages) found = found || s.name == stage_filter;
@@ -124,6 +125,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                     {"market", s.market},
                     {"needs", s.needs},
                     {"cost_usd", Usd(s.cost)},
+                    {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
+                                                    : nlohmann::json(nullptr)},
                     {"attempts", ja}});
     }
     nlohmann::json out = {
@@ -146,14 +149,26 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
             << "  " << run->state << "  created " << run->created_at
             << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
             << run->cost.ToDollars() << "\n\n";
+  auto metrics_cell = [&](int64_t stage_id) -> std::string {
+    auto it = metrics.find(stage_id);
+    if (it == metrics.end()) return "";
+    auto j = nlohmann::json::parse(it->second, nullptr, false);
+    if (j.is_discarded() || !j.contains("neuroncore_utilization")) return "";
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "NC util %.0f%%, HBM %.1f/%.0f GiB",
+                  100 * j["neuroncore_utilization"].get<double>(), j["hbm_used_gib"].get<double>(),
+                  j["hbm_total_gib"].get<double>());
+    return buf;
+  };
   if (stage_filter.empty()) {
     std::vector<std::vector<std::string>> rows;
     for (const auto& s : stages)
       rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
                       InstanceCell(s.instance_type, s.instance_count), s.market,
-                      Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars()});
+                      Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars(),
+                      metrics_cell(s.id)});
     std::cout << Table({"STAGE", "KIND", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS",
-                        ">COST"},
+                        ">COST", "LATEST METRICS"},
                        rows);
     return kExitOk;
   }

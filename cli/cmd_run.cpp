@@ -104,6 +104,19 @@ std::vector<workers::PoolConfig> PoolsFor(const pipelines::Pipeline& p,
   return pools;
 }
 
+// TRNFLOW_SPOT_RATE_MULTIPLIER scales the pipeline's own simulation.spot_rate_multiplier, so
+// demos and tests can see interruptions without editing files.
+void ApplySpotRateMultiplier(pipelines::Pipeline& p) {
+  const char* env = std::getenv("TRNFLOW_SPOT_RATE_MULTIPLIER");
+  if (!env || !*env) return;
+  char* end = nullptr;
+  double m = std::strtod(env, &end);
+  if (*end != '\0' || !(m >= 0) || m > 1e6)
+    throw UserError(std::string("TRNFLOW_SPOT_RATE_MULTIPLIER=") + env +
+                    ": expected a number from 0 to 1000000");
+  p.spot_rate_multiplier *= m;
+}
+
 schema::SubmitOptions SubmitOptionsFor(const RunArgs& a) {
   if (!(a.speed > 0)) throw UserError("--speed must be a positive number");
   schema::SubmitOptions o;
@@ -144,6 +157,7 @@ int CmdRun(const RunArgs& a) {
   pipelines::LoadOptions lo{ParseParams(a.params), a.project};
   auto pipeline = LoadOrReport(a.file, lo);
   if (!pipeline) return kExitBadInput;
+  ApplySpotRateMultiplier(*pipeline);
   auto opts = SubmitOptionsFor(a);
   auto pools = PoolsFor(*pipeline, a.pools);
   auto catalog = OpenCatalog();
@@ -189,6 +203,7 @@ int CmdSubmit(const RunArgs& a) {
   pipelines::LoadOptions lo{ParseParams(a.params), a.project};
   auto pipeline = LoadOrReport(a.file, lo);
   if (!pipeline) return kExitBadInput;
+  ApplySpotRateMultiplier(*pipeline);
   auto opts = SubmitOptionsFor(a);
   auto catalog = OpenCatalog();
   int64_t run_id = catalog->SubmitRun(*pipeline, opts);

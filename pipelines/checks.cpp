@@ -149,8 +149,11 @@ void CheckPipeline(const Pipeline& p, Diagnostics& d) {
   const sim::Catalog& hw = sim::Catalog::Builtin();
   for (const auto& s : p.stages) {
     if (s.spec.kind != StageKind::kCompile || !s.workload) continue;
-    sim::Fit f = sim::CheckCompile(hw, *s.workload);
-    if (f.ok) continue;
+    const sim::InstanceType* host = hw.FindInstance(s.spec.instance);
+    if (!host) continue;
+    sim::CompileOutcome o = sim::PredictCompile(hw, *s.workload, *host);
+    if (o.ok) continue;
+    sim::Fit f{false, o.message, o.hint};
     auto size = [](const Stage* x) {
       return static_cast<double>(x->workload->batch) * x->workload->seq_len;
     };
@@ -160,7 +163,10 @@ void CheckPipeline(const Pipeline& p, Diagnostics& d) {
   for (const auto& [base, failure] : worst) {
     const Stage* s = failure.first;
     const sim::Fit& f = failure.second;
-    std::string field = f.message.find("seq_len") == 0 ? "seq_len" : "tp_degree";
+    std::string field = f.message.find("seq_len") != std::string::npos ? "seq_len"
+                        : f.message.find("NCC_EXTP003") == 0             ? "target"
+                        : f.message.find("host memory") != std::string::npos ? "instance"
+                                                                               : "tp_degree";
     d.Error(s->At(field), "stage '" + s->spec.name + "': " + f.message, f.hint);
   }
 }

@@ -62,7 +62,7 @@ void Scheduler::Loop() {
            r.outcome = Outcome::kLost;
            r.next_state = d.next;
            r.next_market = d.market;
-           r.retry_in_s = d.retry_in_s;
+           r.retry_in_s = d.retry_in_s / std::max(1e-9, e.speed);  // the run's clock
            r.sim_seconds = e.sim_seconds;
            r.billed_seconds = BilledSeconds(e.sim_seconds);
            r.cost = Charge(e.price_per_hour, e.instance_count, e.sim_seconds);

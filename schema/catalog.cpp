@@ -155,6 +155,20 @@ struct Catalog::Impl {
     }
   }
 
+  void InsertEvents(pqxx::work& tx, const std::vector<EventRow>& events) {
+    std::vector<int64_t> runs, stages;
+    std::vector<std::string> kinds, messages, data;
+    for (const auto& e : events) {
+      runs.push_back(e.run_id);
+      stages.push_back(e.stage_id);
+      kinds.push_back(e.kind);
+      messages.push_back(e.message);
+      data.push_back(e.data_json);
+    }
+    Exec(tx, "InsertEvents", NumberArray(runs), NumberArray(stages), TextArray(kinds),
+         TextArray(messages), TextArray(data));
+  }
+
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
     pqxx::result r = run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids))
                              : Exec(tx, "FinishRuns", nullptr);
@@ -201,6 +215,15 @@ struct Catalog::Impl {
       runs.push_back(row[1].as<int64_t>());
       applied.push_back({id, attempt_of[id]});
     }
+    // The last metrics of each applied attempt become an event; stale results add nothing.
+    std::map<int64_t, int64_t> run_of;
+    for (const auto& row : done) run_of[row[0].as<int64_t>()] = row[1].as<int64_t>();
+    std::vector<EventRow> metrics;
+    for (const auto& r : results)
+      if (!r.metrics_json.empty() && run_of.count(r.stage_id))
+        metrics.push_back({run_of[r.stage_id], r.stage_id, "metrics", "neuron-monitor",
+                           r.metrics_json});
+    if (!metrics.empty()) InsertEvents(tx, metrics);
     if (!succeeded.empty()) Exec(tx, "ReleaseDependents", NumberArray(succeeded));
     if (!failed.empty()) Exec(tx, "SkipDescendants", NumberArray(failed));
     if (!runs.empty()) {
@@ -465,11 +488,12 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
       e.errors = row[4].as<int>();
       e.preemptions = row[5].as<int>();
       e.spec = StageSpecFromJson(row[6].as<std::string>());
-      e.market = e.spec.market;
       e.progress = row[7].as<double>();
       e.instance_count = row[8].as<int>();
       e.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
       e.sim_seconds = row[10].as<double>();
+      e.market = ParseMarket(row[11].as<std::string>()).value_or(e.spec.market);
+      e.speed = row[12].as<double>();
       results.push_back(decide(e));
     }
     auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);
@@ -587,6 +611,25 @@ void Catalog::InsertEvent(int64_t run_id, int64_t stage_id, const std::string& k
     pqxx::work tx(impl_->C());
     impl_->Exec(tx, "InsertEvent", run_id, stage_id, kind, message, data_json);
     tx.commit();
+  });
+}
+
+void Catalog::InsertEvents(const std::vector<EventRow>& events) {
+  if (events.empty()) return;
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->InsertEvents(tx, events);
+    tx.commit();
+  });
+}
+
+std::map<int64_t, std::string> Catalog::LatestStageMetrics(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::map<int64_t, std::string> out;
+    for (const auto& row : impl_->Exec(tx, "LatestStageMetrics", run_id))
+      out[row[0].as<int64_t>()] = row[1].as<std::string>();
+    return out;
   });
 }
 

@@ -9,6 +9,7 @@
 // values (std::nullopt, empty vectors, false), never exceptions.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +68,15 @@ struct AttemptResult {
   Money saved;
   double progress_to = 0;
   std::string message;
+  std::string metrics_json;  // latest neuron-monitor-like metrics, recorded as an event
+};
+
+struct EventRow {
+  int64_t run_id = 0;
+  int64_t stage_id = 0;  // 0: the run as a whole
+  std::string kind;
+  std::string message;
+  std::string data_json = "{}";
 };
 
 struct LeaseKey {
@@ -139,6 +149,7 @@ struct ExpiredLease {
   int instance_count = 1;
   Money price_per_hour;
   double sim_seconds = 0;  // simulated time since the attempt started
+  double speed = 1;        // the run's simulated seconds per wall second
 };
 
 struct MigrateReport {
@@ -204,6 +215,9 @@ class Catalog {
   std::vector<AttemptRow> GetAttempts(int64_t run_id);
   void InsertEvent(int64_t run_id, int64_t stage_id, const std::string& kind,
                    const std::string& message, const std::string& data_json = "{}");
+  void InsertEvents(const std::vector<EventRow>& events);
+  // The newest metrics event of each stage of a run: stage id -> JSON.
+  std::map<int64_t, std::string> LatestStageMetrics(int64_t run_id);
 
   // --- notifications ----------------------------------------------------------------------
   // LISTEN on the channel where stages becoming ready are announced (payload: the pool).

@@ -160,4 +160,31 @@ Fit CheckTrain(const Workload& w, const InstanceType& t, int count) {
           "set count: " + std::to_string(instances) + " (or more)"};
 }
 
+CompileOutcome PredictCompile(const Catalog& c, const Workload& w, const InstanceType& host) {
+  // NeuronCore-v1 (inf1) predates these operators; custom ops need a registered kernel.
+  static const std::vector<std::string> kInf1Unsupported = {
+      "rotary", "gqa", "swiglu", "sliding_window", "cross_attention", "groupnorm", "rmsnorm"};
+  for (const auto& f : w.model.features) {
+    bool unsupported = f == "custom_op" ||
+                       (w.target == "inf1" && std::find(kInf1Unsupported.begin(),
+                                                        kInf1Unsupported.end(), f) !=
+                                                  kInf1Unsupported.end());
+    if (unsupported)
+      return {false, "NCC_EXTP003",
+              "NCC_EXTP003: operator '" + f + "' of " + w.model.name + " is not supported on " +
+                  w.target,
+              w.target == "inf1" ? "compile for inf2 (NeuronCore-v2 supports it)"
+                                 : "register a custom kernel or change the model"};
+  }
+  if (Fit f = CheckCompile(c, w); !f.ok)
+    return {false, "NCC_EVRF009", "NCC_EVRF009: " + f.message, f.hint};
+  double need_gib = 1.2 * WeightBytes(w.model) / kGiB / std::max(1, w.tp_degree) + 4;
+  if (host.memory_gib > 0 && need_gib > host.memory_gib)
+    return {false, "HOST_OOM",
+            "the compiler needs about " + GiB(need_gib * kGiB) + " of host memory; " + host.name +
+                " has " + GiB(host.memory_gib * kGiB),
+            "compile on an instance with more memory (e.g. trn1.32xlarge), or raise tp_degree"};
+  return {};
+}
+
 }  // namespace trnflow::sim

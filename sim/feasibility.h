@@ -38,4 +38,15 @@ Fit CheckServe(const Catalog& c, const Workload& w, const InstanceType& t);
 Fit CheckCompile(const Catalog& c, const Workload& w);
 Fit CheckTrain(const Workload& w, const InstanceType& t, int count);
 
+// How the Neuron compiler would fail on this workload, run on `host`, if it would: an
+// operator the target does not support (NCC_EXTP003, deterministic), a graph over the
+// NeuronCore's HBM (NCC_EVRF009), or the host running out of memory. ok when it compiles.
+struct CompileOutcome {
+  bool ok = true;
+  std::string code;     // "NCC_EXTP003", "NCC_EVRF009", "HOST_OOM"
+  std::string message;
+  std::string hint;
+};
+CompileOutcome PredictCompile(const Catalog& c, const Workload& w, const InstanceType& host);
+
 }  // namespace trnflow::sim

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/feasibility.h"
+
 namespace trnflow::sim {
 namespace {
 
@@ -36,24 +38,37 @@ int CoresPerInstance(const InstanceType& t) {
 
 }  // namespace
 
-double TrainingMfu(const InstanceType& t) {
-  if (t.accelerator == "trainium") return t.family == "trn2" ? 0.30 : 0.35;
-  if (t.accelerator == "gpu") return 0.40;
-  if (t.accelerator == "inferentia") return 0.10;
-  return 0.0;
+double TrainingMfu(const InstanceType& t, double parameters) {
+  double best = t.accelerator == "trainium" ? (t.family == "trn2" ? 0.30 : 0.35)
+              : t.accelerator == "gpu"      ? 0.40
+              : t.accelerator == "inferentia" ? 0.10
+                                              : 0.0;
+  // Models under ~7B cannot keep the matrix engines busy: 60% of the best at 100M
+  // parameters, rising with log size to the best at 7B and above.
+  double size = std::clamp(std::log10(std::max(parameters, 1e8) / 1e8) / std::log10(70.0), 0.0, 1.0);
+  return best * (0.6 + 0.4 * size);
 }
 
-Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count) {
+double ScalingEfficiency(const InstanceType& t, int count) {
+  if (count <= 1) return 1.0;
+  // Gradient all-reduce cost grows with log2(instances) and shrinks with the network:
+  // 16 x trn1.32xlarge (800 Gbps EFA) keep ~94%.
+  double network = std::max(1.0, t.network_gbps);
+  return 1.0 / (1.0 + 0.045 * std::log2(static_cast<double>(count)) * std::sqrt(100.0 / network));
+}
+
+Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count, bool first_attempt) {
   Estimate e;
   double peak = t.chips * t.bf16_tflops_per_chip * 1e12 * count;
-  // Data parallelism across instances loses a little per doubling to gradient all-reduce.
-  double scaling = count > 1 ? std::pow(0.985, std::log2(static_cast<double>(count))) : 1.0;
-  e.mfu = TrainingMfu(t) * scaling;
+  e.mfu = TrainingMfu(t, w.model.parameters) * ScalingEfficiency(t, count);
   if (peak <= 0 || e.mfu <= 0) return e;
   double flops = 6.0 * w.model.parameters * w.tokens;
-  double compute_s = flops / (peak * e.mfu);
-  e.tokens_per_second = w.tokens / compute_s;
-  e.seconds = compute_s + kTrainWarmupSeconds;
+  e.work_seconds = flops / (peak * e.mfu);
+  e.tokens_per_second = w.tokens / e.work_seconds;
+  Workload graph = w;
+  e.setup_seconds = kTrainWarmupSeconds +
+                    (first_attempt ? EstimateCompile(graph, t).work_seconds : 0.0);
+  e.seconds = e.setup_seconds + e.work_seconds;
   return e;
 }
 
@@ -62,7 +77,8 @@ Estimate EstimateCompile(const Workload& w, const InstanceType&) {
   // BERT-large graph, ~15 min for a 7B (15 GB) graph, 30-60 min for 70B-class models.
   Estimate e;
   double billions = w.model.parameters / 1e9;
-  e.seconds = 60.0 * (12.95 + 0.197 * std::pow(billions, 1.2));
+  e.work_seconds = 60.0 * (12.95 + 0.197 * std::pow(billions, 1.2));
+  e.seconds = e.work_seconds;
   return e;
 }
 
@@ -95,13 +111,15 @@ Estimate EstimateServe(const Workload& w, const InstanceType& t, int count) {
     double batches = std::ceil(w.requests / (static_cast<double>(batch) * replicas));
     serve_s = batches * (e.ttft_ms + w.output_tokens * e.ms_per_token) / 1e3;
   }
-  e.seconds = kDeployLoadSeconds + serve_s;
+  e.setup_seconds = kDeployLoadSeconds;
+  e.work_seconds = serve_s;
+  e.seconds = e.setup_seconds + e.work_seconds;
   return e;
 }
 
-Estimate EstimateStage(const Workload& w, const InstanceType& t, int count) {
+Estimate EstimateStage(const Workload& w, const InstanceType& t, int count, bool first_attempt) {
   switch (w.kind) {
-    case StageKind::kTrain: return EstimateTrain(w, t, count);
+    case StageKind::kTrain: return EstimateTrain(w, t, count, first_attempt);
     case StageKind::kCompile: return EstimateCompile(w, t);
     case StageKind::kDeploy:
     case StageKind::kBenchmark: return EstimateServe(w, t, count);
@@ -118,5 +136,40 @@ double SpotInterruptionsPerHour(const InstanceType& t) {
   double monthly = b == "<5%" ? 0.025 : b == "5-10%" ? 0.075 : b == "10-15%" ? 0.125
                  : b == "15-20%" ? 0.175 : 0.25;
   return -std::log(1.0 - monthly) / 730.0;
+}
+}  // namespace trnflow::sim
+
+namespace trnflow::sim {
+Metrics StageMetrics(const Workload& w, const InstanceType& t, int count) {
+  Metrics m;
+  m.hbm_total_gib = t.hbm_gib();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  switch (w.kind) {
+    case StageKind::kTrain: {
+      Estimate e = EstimateTrain(w, t, count);
+      m.neuroncore_utilization = std::min(1.0, e.mfu / 0.6 + 0.25);  // busy beyond pure MFU
+      m.hbm_used_gib = std::min(m.hbm_total_gib, TrainingStateBytes(w.model) / count / kGiB +
+                                                     0.15 * m.hbm_total_gib);  // + activations
+      break;
+    }
+    case StageKind::kDeploy:
+    case StageKind::kBenchmark: {
+      Estimate e = EstimateServe(w, t, count);
+      int tp = std::max(1, w.tp_degree);
+      int cores = t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips;
+      int replicas = std::max(1, cores / tp);
+      double per_replica = WeightBytes(w.model) +
+                           KvCacheBytes(w.model, std::max(1, w.batch), w.input_tokens + w.output_tokens);
+      m.hbm_used_gib = std::min(m.hbm_total_gib, replicas * per_replica / kGiB);
+      // Decode is memory bound: the engines idle while weights stream in.
+      double compute_ms = 2.0 * w.model.parameters * std::max(1, w.batch) /
+                          (tp * t.bf16_tflops_per_chip / std::max(1, t.cores_per_chip) * 1e12) * 1e3;
+      m.neuroncore_utilization = e.ms_per_token > 0 ? std::min(1.0, 0.1 + compute_ms / e.ms_per_token) : 0;
+      break;
+    }
+    default:
+      break;  // compile runs on the host CPUs
+  }
+  return m;
 }
 }  // namespace trnflow::sim

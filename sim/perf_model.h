@@ -10,21 +10,39 @@
 namespace trnflow::sim {
 
 struct Estimate {
-  double seconds = 0;            // simulated duration of the stage
+  double seconds = 0;            // simulated duration of the stage: setup + work
+  double setup_seconds = 0;      // graph compilation / warm-up / model load: not progress
+  double work_seconds = 0;       // the work itself, which checkpoints measure
   double tokens_per_second = 0;  // train: whole stage; deploy: output tokens, whole instance
   double ms_per_token = 0;       // deploy: decode latency per token at the batch
   double ttft_ms = 0;            // deploy: time to first token
   double mfu = 0;                // train: model FLOPs utilization used
 };
 
-// Model FLOPs utilization for training on this accelerator (before multi-node scaling).
-double TrainingMfu(const InstanceType& t);
-Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count);
+// Model FLOPs utilization for training a model of `parameters` on this accelerator (before
+// multi-node scaling): the family's best, less for small models that cannot fill the chips.
+double TrainingMfu(const InstanceType& t, double parameters);
+// Data-parallel efficiency across `count` instances over the instance's network.
+double ScalingEfficiency(const InstanceType& t, int count);
+// `first_attempt`: the training graph is compiled (neuron_parallel_compile) before step one;
+// later attempts find it cached and only warm up and load the checkpoint.
+Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count,
+                       bool first_attempt = true);
 // Wall seconds of the Neuron compiler for one graph of this workload.
 Estimate EstimateCompile(const Workload& w, const InstanceType& t);
 Estimate EstimateServe(const Workload& w, const InstanceType& t, int count);
 // Dispatches on w.kind. A run: stage has no model estimate (seconds = 0).
-Estimate EstimateStage(const Workload& w, const InstanceType& t, int count);
+Estimate EstimateStage(const Workload& w, const InstanceType& t, int count,
+                       bool first_attempt = true);
+
+// What neuron-monitor would show while the stage runs: NeuronCore utilization and device
+// memory in use per instance.
+struct Metrics {
+  double neuroncore_utilization = 0;  // 0..1
+  double hbm_used_gib = 0;
+  double hbm_total_gib = 0;
+};
+Metrics StageMetrics(const Workload& w, const InstanceType& t, int count);
 
 }  // namespace trnflow::sim
 

@@ -268,6 +268,53 @@ TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
   EXPECT_EQ(attempts[1].outcome, "succeeded");
 }
 
+// Spot interruptions come from the run's seed: the same seed replays the same market.
+TEST(Engine, SameSeedSameInterruptionsAndCheckpointsBoundTheLoss) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: spotty\nproject: lab\nsimulation: {spot_rate_multiplier: 3000}\nstages:\n"
+      "  train:\n    kind: train\n    instance: trn1.32xlarge\n    count: 2\n"
+      "    model: climate-emulator-1b\n    tokens: 2e10\n    market: spot\n"
+      "    checkpoint: {every: 30m}\n"
+      "    retry: {spot: {max_interruptions: 20}, backoff: {initial: 1s}}\n");
+  auto run_with_seed = [&](int64_t seed) {
+    auto opts = Fast();
+    opts.speed = 2e6;
+    opts.seed = seed;
+    int64_t run = c.SubmitRun(p, opts);
+    scheduler::Scheduler sched(SchedOpts());
+    workers::Worker worker(WorkerOpts({{"trn1", 2}}));
+    sched.Start();
+    worker.Start();
+    EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
+    EXPECT_EQ(RunState(c, run), "succeeded");
+    return c.GetAttempts(run);
+  };
+  auto first = run_with_seed(11);
+  auto again = run_with_seed(11);
+  ASSERT_GE(first.size(), 2u) << "the multiplier should cause interruptions";
+  ASSERT_EQ(first.size(), again.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].outcome, again[i].outcome) << i;
+    EXPECT_NEAR(first[i].progress_to, again[i].progress_to, 0.02) << i;
+  }
+  Money wasted;
+  for (const auto& a : first) {
+    EXPECT_GE(a.progress_to, a.progress_from) << "attempt " << a.attempt << " went backwards";
+    if (a.outcome == "spot_interruption") {
+      // At most one checkpoint interval (30 simulated minutes) of work is lost.
+      EXPECT_LE(a.wasted, Charge(a.price_per_hour, a.instance_count, 1800)) << a.attempt;
+      EXPECT_LE(a.wasted, a.cost) << a.attempt;
+      wasted += a.wasted;  // an interruption during warm-up loses no work; others do
+    }
+    if (a.outcome == "succeeded") {
+      EXPECT_EQ(a.wasted.micros(), 0);
+      EXPECT_DOUBLE_EQ(a.progress_to, 1.0);
+    }
+  }
+  EXPECT_GT(wasted.micros(), 0);
+}
+
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
 class EngineConcurrency : public ::testing::TestWithParam<int> {};
 

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "schema/catalog.h"
+#include "tests/run_cli.h"
 #include "tests/test_db.h"
 
 namespace trnflow {
@@ -17,37 +18,14 @@ namespace {
 
 using testing::TestDatabase;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = testing::CliResult;
 
-// Runs `trnflow ARGS` from the source tree with extra environment assignments.
 Result Trnflow(const std::string& args, const std::string& env = "") {
-  static int n = 0;
-  std::string err_file = std::filesystem::temp_directory_path() /
-                         ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
-  std::string home = std::filesystem::temp_directory_path() / ("trnflow-cli-home-" + std::to_string(getpid()));
-  std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
-                    TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  std::filesystem::remove(err_file);
-  return r;
+  return testing::RunTrnflow(args, env);
 }
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  auto path = std::filesystem::temp_directory_path() / (std::to_string(getpid()) + "-" + name);
-  std::ofstream(path) << text;
-  return path.string();
+  return testing::WriteTempFile(name, text);
 }
 
 int64_t RunIdFrom(const std::string& out) {

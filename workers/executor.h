@@ -28,6 +28,8 @@ struct ExecContext {
   std::string log_path;        // captured output of this attempt
   std::string checkpoint_dir;  // TRNFLOW_CHECKPOINT_DIR
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
+  // neuron-monitor-like metrics as JSON, latest wins; may be called from the executor's thread.
+  std::function<void(const std::string&)> report_metrics;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
 };
 

@@ -1,19 +1,30 @@
+// Simulated train/compile/deploy/benchmark stages: simulated time passes at the run's speed;
+// spot interruptions and capacity shortages come from the attempt's seed (reproducible from
+// the run's seed); checkpoints bound what an interruption loses.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "common/log.h"
+#include "sim/feasibility.h"
 #include "sim/perf_model.h"
 #include "workers/executor.h"
 
 namespace trnflow::workers {
 namespace {
 constexpr double kNoticeSeconds = 120;  // EC2 spot interruption notice
-// Checkpoint size: bf16 weights plus fp32 master weights and Adam moments for training state.
+// Checkpoint size: bf16 weights plus fp32 master weights and Adam moments.
 constexpr double kTrainStateBytesPerParameter = 14;
+// InsufficientInstanceCapacity at launch, per attempt. The spot figure scales with the run's
+// spot rate multiplier (at most 20%); on-demand shortages are rarer and do not.
+constexpr double kSpotShortage = 0.01;
+constexpr double kMaxSpotShortage = 0.2;
+constexpr double kOnDemandShortage = 0.001;
+constexpr double kMetricsEverySimSeconds = 600;
 }  // namespace
 
 ExecResult SimExecutor::Run(const ExecContext& ctx) {
@@ -33,27 +44,68 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     r.message = e.what();
     return r;
   }
-  sim::Estimate est = sim::EstimateStage(w, *type, ctx.instance_count);
-  double total = std::max(1.0, est.seconds);
-  double done_before = ctx.progress * total;
-  double remaining = total - done_before;
+  std::mt19937_64 rng(ctx.seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  double shortage = ctx.market == Market::kSpot
+                        ? std::min(kMaxSpotShortage, kSpotShortage * ctx.spot_rate_multiplier)
+                        : kOnDemandShortage;
+  if (unit(rng) < shortage) {
+    r.outcome = Outcome::kCapacityUnavailable;
+    r.progress_to = ctx.progress;
+    r.message = "InsufficientInstanceCapacity: no " + type->name + " " +
+                std::string(ToString(ctx.market)) + " capacity for " +
+                std::to_string(ctx.instance_count) + " instance(s)";
+    return r;
+  }
+
+  sim::Estimate est = sim::EstimateStage(w, *type, ctx.instance_count, ctx.attempt == 1);
+  double setup = est.setup_seconds;
+  double work = std::max(1.0, est.work_seconds);
+  double done_before = ctx.progress * work;
+  double end_of_stage = setup + (work - done_before);
+
+  // Deterministic compiler failures surface once the compiler has run for a while.
+  std::optional<sim::CompileOutcome> compile_failure;
+  if (w.kind == StageKind::kCompile) {
+    sim::CompileOutcome o = sim::PredictCompile(hw, w, *type);
+    if (!o.ok) {
+      compile_failure = o;
+      end_of_stage = std::min(end_of_stage, 0.2 * work);
+    }
+  }
 
   // Spot interruptions arrive as a Poisson process over the instances of the stage.
-  std::mt19937_64 rng(ctx.seed);
   double interrupt_at = std::numeric_limits<double>::infinity();
   if (ctx.market == Market::kSpot) {
     double per_second = sim::SpotInterruptionsPerHour(*type) * ctx.spot_rate_multiplier *
                         ctx.instance_count / 3600.0;
     if (per_second > 0) interrupt_at = std::exponential_distribution<double>(per_second)(rng);
   }
-  double timeout_at = ctx.spec.timeout_s > 0 ? ctx.spec.timeout_s : std::numeric_limits<double>::infinity();
-  double end = std::min({remaining, interrupt_at, timeout_at});
+  double timeout_at =
+      ctx.spec.timeout_s > 0 ? ctx.spec.timeout_s : std::numeric_limits<double>::infinity();
+  double end = std::min({end_of_stage, interrupt_at, timeout_at});
+
+  sim::Metrics metrics = sim::StageMetrics(w, *type, ctx.instance_count);
+  auto report = [&](double at) {
+    if (!ctx.report_metrics || w.kind == StageKind::kCompile) return;
+    // neuron-monitor jitters around the steady state.
+    double util = std::clamp(metrics.neuroncore_utilization * (0.97 + 0.06 * unit(rng)), 0.0, 1.0);
+    nlohmann::json j = {{"neuroncore_utilization", std::round(util * 1000) / 1000},
+                        {"hbm_used_gib", std::round(metrics.hbm_used_gib * 10) / 10},
+                        {"hbm_total_gib", metrics.hbm_total_gib},
+                        {"sim_hours", std::round(at / 36) / 100}};
+    ctx.report_metrics(j.dump());
+  };
 
   // Simulated time passes at `speed` simulated seconds per wall second.
   auto start = std::chrono::steady_clock::now();
-  double elapsed = 0;
+  double elapsed = 0, next_metrics = 0;
   while (elapsed < end) {
     if (ctx.stop_reason() != StopReason::kNone) break;
+    if (elapsed >= next_metrics && elapsed >= setup) {
+      report(elapsed);
+      next_metrics = elapsed + kMetricsEverySimSeconds;
+    }
     double wall_left = (end - elapsed) / ctx.speed;
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wall_left, 0.02)));
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() *
@@ -62,48 +114,64 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   elapsed = std::min(elapsed, end);
   r.sim_seconds = elapsed;
 
-  // Durable progress: what the last checkpoint (or a checkpoint inside the notice) saved.
+  // Durable progress: what the last checkpoint (or one written inside the notice) saved.
   auto checkpointed = [&](double at) {
-    double done = done_before + at;
+    double worked = std::max(0.0, at - setup);
+    double done = done_before + worked;
     double saved = done_before;
     if (ctx.spec.checkpoint.every_s > 0)
       saved = std::max(saved, std::floor(done / ctx.spec.checkpoint.every_s) *
                                   ctx.spec.checkpoint.every_s);
-    if (ctx.spec.checkpoint.on_notice && w.kind == StageKind::kTrain) {
+    if (ctx.spec.checkpoint.on_notice && w.kind == StageKind::kTrain && worked > 0) {
       double bytes = w.model.parameters * kTrainStateBytesPerParameter;
       double write_s = bytes / std::max(1e8, type->storage_write_gbps * 1e9 * ctx.instance_count);
       if (write_s <= kNoticeSeconds) saved = std::max(saved, done - kNoticeSeconds + write_s);
     }
-    return std::min(saved, done);
+    return std::clamp(saved, done_before, done);
+  };
+  auto finish_partial = [&](double at) {
+    double saved = checkpointed(at);
+    r.progress_to = saved / work;
+    // Wasted: the work done since the last checkpoint, which the next attempt redoes.
+    double worked = std::max(0.0, at - setup);
+    double useful = saved - done_before;
+    r.lost_fraction = at > 0 ? std::clamp((worked - useful) / at, 0.0, 1.0) : 0;
   };
 
   if (ctx.stop_reason() != StopReason::kNone && elapsed < end) {
     r.outcome = Outcome::kCancelled;
-    double saved = checkpointed(elapsed);
-    r.progress_to = saved / total;
-    r.lost_fraction = elapsed > 0 ? (done_before + elapsed - saved) / elapsed : 0;
+    finish_partial(elapsed);
     r.message = "stopped";
     return r;
   }
-  if (end == remaining) {
+  if (compile_failure && end == end_of_stage) {
+    r.outcome = Outcome::kUserError;
+    r.progress_to = 0;
+    r.lost_fraction = 1;
+    r.message = compile_failure->message + " (hint: " + compile_failure->hint + ")";
+    return r;
+  }
+  if (end == end_of_stage) {
+    report(elapsed);
     r.outcome = Outcome::kSucceeded;
     r.progress_to = 1;
     return r;
   }
-  double saved = checkpointed(elapsed);
-  r.progress_to = saved / total;
-  r.lost_fraction = elapsed > 0 ? (done_before + elapsed - saved) / elapsed : 0;
+  finish_partial(elapsed);
+  char buf[200];
   if (end == interrupt_at) {
     r.outcome = Outcome::kSpotInterruption;
-    char buf[160];
     std::snprintf(buf, sizeof buf,
-                  "spot interruption after %.2f simulated hours; progress %.1f%% -> %.1f%% saved",
-                  elapsed / 3600, 100 * (done_before + elapsed) / total, 100 * r.progress_to);
-    r.message = buf;
+                  "spot interruption after %.2f simulated hours; progress %.1f%% -> %.1f%% "
+                  "saved by checkpoint",
+                  elapsed / 3600, 100 * (done_before + std::max(0.0, elapsed - setup)) / work,
+                  100 * r.progress_to);
   } else {
     r.outcome = Outcome::kTimeout;
-    r.message = "timed out after " + std::to_string(ctx.spec.timeout_s / 3600) + " simulated hours";
+    std::snprintf(buf, sizeof buf, "timed out after %.2f simulated hours (timeout %s)",
+                  elapsed / 3600, std::to_string(ctx.spec.timeout_s / 3600).c_str());
   }
+  r.message = buf;
   return r;
 }
 

@@ -56,6 +56,9 @@ std::string SafeName(std::string s) {
 struct Running {
   schema::ClaimedStage claim;
   std::atomic<int> stop{0};
+  std::mutex metrics_mu;  // guards metrics, metrics_dirty
+  std::string metrics;
+  bool metrics_dirty = false;
 };
 
 struct Pool {
@@ -173,8 +176,16 @@ struct Worker::Impl {
         for (auto& [sid, r] : running) before.push_back({sid, r});
       }
       std::vector<schema::LeaseKey> held;
+      std::vector<schema::EventRow> metrics;
+      for (auto& [sid, r] : before) {
+        std::scoped_lock lock(r->metrics_mu);
+        if (!r->metrics_dirty) continue;
+        metrics.push_back({r->claim.run_id, sid, "metrics", "neuron-monitor", r->metrics});
+        r->metrics_dirty = false;
+      }
       bool ok = WithCatalog(cat, "heartbeat", [&](schema::Catalog& c) {
         held = c.HeartbeatLeases(id, opt.lease_s);
+        c.InsertEvents(metrics);
       });
       if (ok) {
         std::set<std::pair<int64_t, int>> keys;
@@ -252,6 +263,11 @@ struct Worker::Impl {
                    std::to_string(c.attempt) + ".log";
     ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
     ctx.stop = &run->stop;
+    ctx.report_metrics = [run](const std::string& json) {
+      std::scoped_lock lock(run->metrics_mu);
+      run->metrics = json;
+      run->metrics_dirty = true;
+    };
 
     ExecResult er;
     try {
@@ -268,6 +284,10 @@ struct Worker::Impl {
       log->warn("stage={} attempt={} discarded: its lease was taken over", c.stage_id, c.attempt);
     } else {
       schema::AttemptResult r = ToResult(c, er, why);
+      {
+        std::scoped_lock lock(run->metrics_mu);
+        if (run->metrics_dirty) r.metrics_json = run->metrics;
+      }
       std::scoped_lock lock(mu);
       results.push_back(std::move(r));
     }
@@ -307,7 +327,8 @@ struct Worker::Impl {
                                            jitter);
       r.next_state = d.next;
       r.next_market = d.market;
-      r.retry_in_s = d.retry_in_s;
+      // Backoff is in the run's clock: simulated seconds, passing `speed` times faster.
+      r.retry_in_s = d.retry_in_s / std::max(1e-9, c.speed);
       if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
         r.message += (r.message.empty() ? "" : "; ") + d.reason;
     }

@@ -92,3 +92,14 @@ ORDER BY a.stage_id, a.attempt;
 -- name: InsertEvent
 INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
 VALUES ($1, NULLIF($2, 0), $3, $4, $5::jsonb);
+
+-- name: InsertEvents
+INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
+SELECT r, NULLIF(s, 0), k, m, d
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::jsonb[]) AS t(r, s, k, m, d);
+
+-- name: LatestStageMetrics
+SELECT DISTINCT ON (stage_id) stage_id, data::text
+FROM trnflow.events
+WHERE run_id = $1 AND kind = 'metrics'
+ORDER BY stage_id, id DESC;

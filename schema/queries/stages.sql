@@ -146,7 +146,7 @@ SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
        (a.price_usd_hour * 1000000)::bigint,
-       extract(epoch FROM (now() - a.started_at)) * r.speed
+       extract(epoch FROM (now() - a.started_at)) * r.speed, s.market, r.speed
 FROM trnflow.stages s
 JOIN trnflow.attempts a ON a.stage_id = s.id AND a.attempt = s.attempts
 JOIN trnflow.runs r ON r.id = s.run_id

@@ -1,0 +1,39 @@
+#include "tests/run_cli.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace trnflow::testing {
+
+CliResult RunTrnflow(const std::string& args, const std::string& env) {
+  static int n = 0;
+  auto tmp = std::filesystem::temp_directory_path();
+  std::string err_file = tmp / ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
+  std::string home = tmp / ("trnflow-cli-home-" + std::to_string(getpid()));
+  std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
+                    TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err_file);
+  return r;
+}
+
+std::string WriteTempFile(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / (std::to_string(getpid()) + "-" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+}  // namespace trnflow::testing

@@ -1,0 +1,20 @@
+#pragma once
+// Runs the built `trnflow` binary as a user would: from the source tree, as a real child
+// process, with its own TRNFLOW_HOME.
+#include <string>
+
+namespace trnflow::testing {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// `env` is prepended to the command line: "VAR=value VAR2=value" or a wrapper like "timeout 60".
+CliResult RunTrnflow(const std::string& args, const std::string& env = "");
+
+// Writes `text` to a fresh file in the temp directory and returns its path.
+std::string WriteTempFile(const std::string& name, const std::string& text);
+
+}  // namespace trnflow::testing
