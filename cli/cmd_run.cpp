@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "scheduler/scheduler.h"
 #include "workers/worker.h"
 
@@ -39,9 +40,26 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
   auto start = Steady::now();
   std::map<int64_t, std::string> last_state;
   size_t drawn = 0;
+  double backoff = 0.1;
   while (true) {
-    auto run = catalog.GetRun(run_id);
-    auto stages = catalog.GetStages(run_id);
+    std::optional<schema::RunRow> run;
+    std::vector<schema::StageRow> stages;
+    try {
+      run = catalog.GetRun(run_id);
+      stages = catalog.GetStages(run_id);
+      backoff = 0.1;
+    } catch (const CatalogUnavailable& e) {
+      // The workers and scheduler ride out a PostgreSQL restart; so does the view.
+      if (interrupted) return;
+      Logger("cli")->warn("{}; retrying in {:.1f}s", e.what(), backoff);
+      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+      backoff = std::min(backoff * 2, 5.0);
+      try {
+        catalog.Reconnect();
+      } catch (const CatalogUnavailable&) {
+      }
+      continue;
+    }
     size_t width = 5;
     for (const auto& s : stages) width = std::max(width, s.name.size());
     double t = std::chrono::duration<double>(Steady::now() - start).count();
@@ -211,6 +229,34 @@ int CmdSubmit(const RunArgs& a) {
     std::cout << nlohmann::json{{"run_id", std::to_string(run_id)}}.dump() << "\n";
   else
     std::cout << run_id << "\n";
+  return kExitOk;
+}
+
+int CmdCancel(const std::string& run_text) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  auto run = catalog->GetRun(run_id);
+  if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  auto report = catalog->CancelRun(run_id);
+  if (!report.cancelled)
+    throw UserError("run " + run_text + " already ended (" + run->state + "); nothing to cancel");
+  std::cout << "run " << run_id << " cancelled: " << report.stages_cancelled
+            << " pending stages cancelled";
+  if (report.stages_running == 0) {
+    std::cout << "\n";
+    return kExitOk;
+  }
+  std::cout << ", stopping " << report.stages_running << " running\n" << std::flush;
+  // Workers stop them within a heartbeat (at once, when they hear the notify).
+  auto deadline = Steady::now() + std::chrono::seconds(30);
+  while (Steady::now() < deadline && catalog->CountRunningStages(run_id) > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  int left = catalog->CountRunningStages(run_id);
+  if (left == 0)
+    std::cout << "all stages stopped\n";
+  else
+    std::cout << left << " stage(s) still running: their workers are unreachable; the "
+                        "scheduler ends them when their leases expire\n";
   return kExitOk;
 }
 

@@ -13,6 +13,7 @@ int CmdPlan(const RunArgs& args);
 int CmdRun(const RunArgs& args);
 int CmdSubmit(const RunArgs& args);
 int CmdWatch(const std::string& run);
+int CmdCancel(const std::string& run);
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);

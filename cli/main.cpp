@@ -71,6 +71,10 @@ int main(int argc, char** argv) {
   auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
   watch->add_option("RUN", watch_run, "run id")->required();
 
+  std::string cancel_run;
+  auto* cancel = app.add_subcommand("cancel", "cancel a run: pending stages end, running ones stop");
+  cancel->add_option("RUN", cancel_run, "run id")->required();
+
   std::string logs_run, logs_stage;
   auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
   logs->add_option("RUN", logs_run, "run id")->required();
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
     if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
     if (watch->parsed()) return CmdWatch(watch_run);
+    if (cancel->parsed()) return CmdCancel(cancel_run);
     if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
     if (instances->parsed()) return CmdInstances(instances_format);
     if (migrate->parsed()) return CmdDbMigrate();

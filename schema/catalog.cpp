@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <regex>
@@ -22,10 +24,10 @@ namespace {
 constexpr long kMigrationLockKey = 0x74726e01;  // "trn" + 1
 constexpr long kLeaderLockKey = 0x74726e02;
 
-class ReadyReceiver final : public pqxx::notification_receiver {
+class Receiver final : public pqxx::notification_receiver {
  public:
-  ReadyReceiver(pqxx::connection_base& c, int* count)
-      : pqxx::notification_receiver(c, "trnflow_ready"), count_(count) {}
+  Receiver(pqxx::connection_base& c, const std::string& channel, int* count)
+      : pqxx::notification_receiver(c, channel), count_(count) {}
   void operator()(const std::string&, int) override { ++*count_; }
 
  private:
@@ -95,16 +97,22 @@ struct Catalog::Impl {
   std::string url;
   std::unique_ptr<pqxx::connection> conn;
   std::set<std::string> prepared;
-  std::unique_ptr<ReadyReceiver> receiver;
+  std::unique_ptr<Receiver> receiver;
+  std::unique_ptr<Receiver> cancel_receiver;
   int notifications = 0;
+  int cancel_notifications = 0;
   bool leader = false;
 
   void Connect() {
     receiver.reset();
+    cancel_receiver.reset();
     prepared.clear();
     leader = false;
     try {
       conn = std::make_unique<pqxx::connection>(url);
+      // Operators (and tests) can tell trnflow processes apart in pg_stat_activity.
+      pqxx::nontransaction nt(*conn);
+      nt.exec("SET application_name = 'trnflow:" + std::to_string(getpid()) + "'");
     } catch (const std::exception& e) {
       std::string why = e.what();
       while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
@@ -436,7 +444,8 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
     impl_->Exec(tx, "WorkerHeartbeat", worker_id);
     tx.commit();
     std::vector<LeaseKey> out;
-    for (const auto& row : r) out.push_back({row[0].as<int64_t>(), row[1].as<int>()});
+    for (const auto& row : r)
+      out.push_back({row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>()});
     return out;
   });
 }
@@ -635,18 +644,37 @@ std::map<int64_t, std::string> Catalog::LatestStageMetrics(int64_t run_id) {
 
 void Catalog::ListenForReadyStages() {
   impl_->Guard([&] {
-    impl_->receiver = std::make_unique<ReadyReceiver>(impl_->C(), &impl_->notifications);
+    impl_->receiver = std::make_unique<Receiver>(impl_->C(), "trnflow_ready", &impl_->notifications);
+    impl_->cancel_receiver =
+        std::make_unique<Receiver>(impl_->C(), "trnflow_cancel", &impl_->cancel_notifications);
   });
 }
 
 bool Catalog::IsListening() const { return impl_->receiver != nullptr; }
 
-int Catalog::AwaitNotifications(int timeout_ms) {
+Catalog::Notifications Catalog::AwaitNotifications(int timeout_ms) {
   return impl_->Guard([&] {
     impl_->notifications = 0;
+    impl_->cancel_notifications = 0;
     impl_->C().await_notification(timeout_ms / 1000, (timeout_ms % 1000) * 1000L);
     impl_->C().get_notifs();
-    return impl_->notifications;
+    return Notifications{impl_->notifications, impl_->cancel_notifications};
+  });
+}
+
+CancelReport Catalog::CancelRun(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::row r = impl_->Exec(tx, "CancelRun", run_id)[0];
+    tx.commit();
+    return CancelReport{r[0].as<int>() > 0, r[1].as<int>(), r[3].as<int>()};
+  });
+}
+
+int Catalog::CountRunningStages(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    return impl_->Exec(tx, "CountRunningStages", run_id)[0][0].as<int>();
   });
 }
 

@@ -82,6 +82,13 @@ struct EventRow {
 struct LeaseKey {
   int64_t stage_id = 0;
   int attempt = 0;
+  bool run_cancelled = false;  // HeartbeatLeases: the run was cancelled; stop the stage
+};
+
+struct CancelReport {
+  bool cancelled = false;  // false: the run had already ended
+  int stages_cancelled = 0;
+  int stages_running = 0;  // still running; their workers stop them
 };
 
 struct RunRow {
@@ -220,11 +227,20 @@ class Catalog {
   std::map<int64_t, std::string> LatestStageMetrics(int64_t run_id);
 
   // --- notifications ----------------------------------------------------------------------
-  // LISTEN on the channel where stages becoming ready are announced (payload: the pool).
+  // LISTEN where stages becoming ready (payload: the pool) and runs being cancelled are
+  // announced.
   void ListenForReadyStages();
   bool IsListening() const;
-  // Waits up to `timeout_ms` for notifications; returns how many arrived.
-  int AwaitNotifications(int timeout_ms);
+  struct Notifications {
+    int ready = 0;
+    int cancel = 0;
+  };
+  // Waits up to `timeout_ms` for notifications; returns how many of each arrived.
+  Notifications AwaitNotifications(int timeout_ms);
+
+  // --- operators --------------------------------------------------------------------------
+  CancelReport CancelRun(int64_t run_id);
+  int CountRunningStages(int64_t run_id);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

@@ -81,8 +81,9 @@ struct Worker::Impl {
   std::map<int64_t, std::shared_ptr<Running>> running;
   std::deque<schema::AttemptResult> results;
   bool wake_claim = false;
+  bool wake_heartbeat = false;
   std::mt19937_64 rng{std::random_device{}()};
-  std::condition_variable claim_cv, commit_cv, idle_cv;
+  std::condition_variable claim_cv, commit_cv, idle_cv, heartbeat_cv;
 
   std::atomic<bool> claiming{false};
   std::atomic<bool> stopping{false};
@@ -118,6 +119,14 @@ struct Worker::Impl {
       }
       backoff = std::min(backoff * 2, 5.0);
     }
+  }
+
+  void WakeHeartbeat() {
+    {
+      std::scoped_lock lock(mu);
+      wake_heartbeat = true;
+    }
+    heartbeat_cv.notify_one();
   }
 
   void WakeClaim() {
@@ -160,7 +169,9 @@ struct Worker::Impl {
           c.ListenForReadyStages();
           WakeClaim();  // anything announced while we were not listening
         }
-        if (c.AwaitNotifications(250) > 0) WakeClaim();
+        auto n = c.AwaitNotifications(250);
+        if (n.ready > 0) WakeClaim();
+        if (n.cancel > 0) WakeHeartbeat();  // it stops the stages of cancelled runs
       });
       if (!ok) return;
     }
@@ -189,7 +200,17 @@ struct Worker::Impl {
       });
       if (ok) {
         std::set<std::pair<int64_t, int>> keys;
-        for (const auto& k : held) keys.insert({k.stage_id, k.attempt});
+        for (const auto& k : held) {
+          keys.insert({k.stage_id, k.attempt});
+          if (!k.run_cancelled) continue;
+          std::scoped_lock lock(mu);
+          if (auto it = running.find(k.stage_id); it != running.end()) {
+            int expected = static_cast<int>(StopReason::kNone);
+            if (it->second->stop.compare_exchange_strong(expected,
+                                                         static_cast<int>(StopReason::kCancelled)))
+              log->info("run cancelled: stopping stage={}", k.stage_id);
+          }
+        }
         for (auto& [sid, r] : before) {
           if (keys.count({sid, r->claim.attempt})) continue;
           int expected = static_cast<int>(StopReason::kNone);
@@ -198,10 +219,10 @@ struct Worker::Impl {
                       sid, r->claim.attempt);
         }
       }
-      auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
-                                       std::chrono::duration<double>(opt.heartbeat_s));
-      while (!stopping && Steady::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::unique_lock lock(mu);
+      heartbeat_cv.wait_for(lock, std::chrono::duration<double>(opt.heartbeat_s),
+                            [&] { return wake_heartbeat || stopping.load(); });
+      wake_heartbeat = false;
     }
   }
 
@@ -412,6 +433,7 @@ void Worker::Stop() {
   }
   w.stopping = true;
   w.commit_cv.notify_all();
+  w.heartbeat_cv.notify_all();
   w.commit_thread.join();
   w.heartbeat_thread.join();
   for (auto& p : w.pools) p->arena->terminate();

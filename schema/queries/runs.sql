@@ -103,3 +103,22 @@ SELECT DISTINCT ON (stage_id) stage_id, data::text
 FROM trnflow.events
 WHERE run_id = $1 AND kind = 'metrics'
 ORDER BY stage_id, id DESC;
+
+-- name: CancelRun
+-- Stages not yet running end now; running ones are stopped by their workers, which learn of
+-- it from the notify (and their next heartbeat) and close the attempt as cancelled.
+WITH run AS (
+  UPDATE trnflow.runs SET state = 'cancelled', finished_at = now()
+  WHERE id = $1 AND state = 'running'
+  RETURNING id),
+pending AS (
+  UPDATE trnflow.stages s SET state = 'cancelled', finished_at = now()
+  FROM run WHERE s.run_id = run.id AND s.state IN ('blocked', 'ready', 'retry_wait')
+  RETURNING s.id),
+notified AS (SELECT pg_notify('trnflow_cancel', id::text) FROM run)
+SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM pending),
+       (SELECT count(*) FROM notified),
+       (SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running');
+
+-- name: CountRunningStages
+SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running';

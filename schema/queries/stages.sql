@@ -44,9 +44,11 @@ JOIN trnflow.runs r ON r.id = c.run_id;
 -- name: HeartbeatLeases
 -- Renews every lease this worker holds in one statement; a lease missing from the result
 -- was taken over and its stage must stop.
-UPDATE trnflow.stages SET lease_expires_at = now() + make_interval(secs => $2)
-WHERE state = 'running' AND lease_owner = $1::uuid
-RETURNING id, attempts;
+-- Also says which of them belong to a cancelled run, so the worker stops them.
+UPDATE trnflow.stages s SET lease_expires_at = now() + make_interval(secs => $2)
+FROM trnflow.runs r
+WHERE s.state = 'running' AND s.lease_owner = $1::uuid AND r.id = s.run_id
+RETURNING s.id, s.attempts, r.state = 'cancelled';
 
 -- name: CompleteAttempts
 -- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
