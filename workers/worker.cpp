@@ -213,6 +213,12 @@ struct Worker::Impl {
         }
         for (auto& [sid, r] : before) {
           if (keys.count({sid, r->claim.attempt})) continue;
+          {
+            // Finished meanwhile (and perhaps committed): nothing left to stop.
+            std::scoped_lock lock(mu);
+            auto it = running.find(sid);
+            if (it == running.end() || it->second != r) continue;
+          }
           int expected = static_cast<int>(StopReason::kNone);
           if (r->stop.compare_exchange_strong(expected, static_cast<int>(StopReason::kLeaseLost)))
             log->warn("lease lost stage={} attempt={}: stopping it, its result will be discarded",
