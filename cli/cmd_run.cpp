@@ -260,6 +260,25 @@ int CmdCancel(const std::string& run_text) {
   return kExitOk;
 }
 
+int CmdResume(const std::string& run_text) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  int n = catalog->ResumeRun(run_id);
+  std::cout << "run " << run_id << " resumed: " << n
+            << " stage(s) start again from their last checkpoint; daemons or `trnflow watch "
+            << run_id << "` take it from here\n";
+  return kExitOk;
+}
+
+int CmdRetry(const std::string& run_text, const std::string& stage) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  int n = catalog->RetryStage(run_id, stage);
+  std::cout << "run " << run_id << ": " << stage << " and what depends on it (" << n
+            << " stage(s)) will run again\n";
+  return kExitOk;
+}
+
 int CmdWatch(const std::string& run_text) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();

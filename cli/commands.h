@@ -14,6 +14,8 @@ int CmdRun(const RunArgs& args);
 int CmdSubmit(const RunArgs& args);
 int CmdWatch(const std::string& run);
 int CmdCancel(const std::string& run);
+int CmdResume(const std::string& run);
+int CmdRetry(const std::string& run, const std::string& stage);
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);

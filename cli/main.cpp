@@ -75,6 +75,17 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "cancel a run: pending stages end, running ones stop");
   cancel->add_option("RUN", cancel_run, "run id")->required();
 
+  std::string resume_run;
+  auto* resume = app.add_subcommand(
+      "resume", "continue a failed or cancelled run: its failed, cancelled and skipped stages");
+  resume->add_option("RUN", resume_run, "run id")->required();
+
+  std::string retry_run, retry_stage;
+  auto* retry = app.add_subcommand("retry", "run a stage and everything downstream again");
+  retry->add_option("RUN", retry_run, "run id")->required();
+  retry->add_option("STAGE", retry_stage, "stage name (a matrix stage: all its expansions)")
+      ->required();
+
   std::string logs_run, logs_stage;
   auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
   logs->add_option("RUN", logs_run, "run id")->required();
@@ -115,6 +126,8 @@ int main(int argc, char** argv) {
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
     if (watch->parsed()) return CmdWatch(watch_run);
     if (cancel->parsed()) return CmdCancel(cancel_run);
+    if (resume->parsed()) return CmdResume(resume_run);
+    if (retry->parsed()) return CmdRetry(retry_run, retry_stage);
     if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
     if (instances->parsed()) return CmdInstances(instances_format);
     if (migrate->parsed()) return CmdDbMigrate();

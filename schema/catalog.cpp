@@ -671,6 +671,48 @@ CancelReport Catalog::CancelRun(int64_t run_id) {
   });
 }
 
+int Catalog::ResumeRun(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto run = tx.exec_params("SELECT state FROM trnflow.runs WHERE id = $1 FOR UPDATE", run_id);
+    if (run.empty()) throw UserError("no run " + std::to_string(run_id));
+    std::string state = run[0][0].as<std::string>();
+    if (state != "failed" && state != "cancelled")
+      throw UserError("run " + std::to_string(run_id) + " is " + state +
+                      "; only a failed or cancelled run can be resumed" +
+                      (state == "succeeded" ? " (use `trnflow retry RUN STAGE` to redo a stage)" : ""));
+    std::vector<int64_t> ids;
+    for (const auto& row : impl_->Exec(tx, "StagesToReset", run_id, std::string()))
+      ids.push_back(row[0].as<int64_t>());
+    if (ids.empty()) throw UserError("run " + std::to_string(run_id) + " has nothing to resume");
+    int n = impl_->Exec(tx, "ResetStages", NumberArray(ids), false)[0][0].as<int>();
+    tx.commit();
+    return n;
+  });
+}
+
+int Catalog::RetryStage(int64_t run_id, const std::string& stage) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    if (tx.exec_params("SELECT 1 FROM trnflow.runs WHERE id = $1 FOR UPDATE", run_id).empty())
+      throw UserError("no run " + std::to_string(run_id));
+    std::vector<int64_t> ids;
+    for (const auto& row : impl_->Exec(tx, "StagesToReset", run_id, stage)) {
+      if (row[2].as<std::string>() == "running")
+        throw UserError("stage '" + row[1].as<std::string>() + "' of run " +
+                        std::to_string(run_id) +
+                        " is running; wait for it or `trnflow cancel` the run first");
+      ids.push_back(row[0].as<int64_t>());
+    }
+    if (ids.empty())
+      throw UserError("run " + std::to_string(run_id) + " has no stage '" + stage +
+                      "'; `trnflow show " + std::to_string(run_id) + "` lists them");
+    int n = impl_->Exec(tx, "ResetStages", NumberArray(ids), true)[0][0].as<int>();
+    tx.commit();
+    return n;
+  });
+}
+
 int Catalog::CountRunningStages(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -240,6 +240,14 @@ class Catalog {
 
   // --- operators --------------------------------------------------------------------------
   CancelReport CancelRun(int64_t run_id);
+  // A failed or cancelled run continues: its failed, cancelled and skipped stages start over
+  // with fresh budgets, from their last checkpoint; succeeded and cached stages stay.
+  // Returns the stages reset; throws UserError when the run is running or succeeded.
+  int ResumeRun(int64_t run_id);
+  // One stage (every expansion of a matrix stage) and everything downstream start over from
+  // scratch, whatever they ended as. Throws UserError for an unknown stage or one of them
+  // still running.
+  int RetryStage(int64_t run_id, const std::string& stage);
   int CountRunningStages(int64_t run_id);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.

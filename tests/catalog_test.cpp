@@ -315,6 +315,77 @@ TEST(Engine, SameSeedSameInterruptionsAndCheckpointsBoundTheLoss) {
   EXPECT_GT(wasted.micros(), 0);
 }
 
+// resume continues only what failed (and what it blocked); retry redoes one stage and
+// everything downstream.
+TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: fixable\nproject: lab\nstages:\n"
+      "  a:\n    run: [\"true\"]\n"
+      "  b:\n    run: [\"bash\", \"-c\", \"test -f \\\"$TRNFLOW_RUN_DIR/fixed\\\"\"]\n"
+      "    needs: [a]\n"
+      "  c:\n    run: [\"true\"]\n    needs: [b]\n"
+      "  d:\n    run: [\"true\"]\n    needs: [a]\n");
+  int64_t run = c.SubmitRun(p, Fast());
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"cpu", 2}}));
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+  ASSERT_EQ(RunState(c, run), "failed");
+  auto attempts_of = [&](const std::string& name) {
+    for (const auto& s : c.GetStages(run))
+      if (s.name == name) return s.attempts;
+    return -1;
+  };
+  EXPECT_THROW(c.RetryStage(run, "nope"), UserError);
+  // Fix the cause, resume: b runs again, then c; a and d stay done.
+  std::filesystem::create_directories(Home() + "/runs/" + std::to_string(run));
+  std::ofstream(Home() + "/runs/" + std::to_string(run) + "/fixed") << "1";
+  EXPECT_EQ(c.ResumeRun(run), 2);  // b (failed) and c (skipped)
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(attempts_of("a"), 1);
+  EXPECT_EQ(attempts_of("b"), 2);
+  EXPECT_EQ(attempts_of("c"), 1);
+  EXPECT_EQ(attempts_of("d"), 1);
+  EXPECT_THROW(c.ResumeRun(run), UserError);  // nothing failed
+  // Retry b: b and c again, nothing else.
+  EXPECT_EQ(c.RetryStage(run, "b"), 2);
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(attempts_of("a"), 1);
+  EXPECT_EQ(attempts_of("b"), 3);
+  EXPECT_EQ(attempts_of("c"), 2);
+  EXPECT_EQ(attempts_of("d"), 1);
+}
+
+TEST(Engine, CancelStopsRunningStagesPromptly) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: long\nproject: lab\nstages:\n"
+      "  s:\n    run: [\"sleep\", \"60\"]\n"
+      "  t: {kind: train, instance: trn1.32xlarge, model: llama-2-7b, tokens: 1e12, "
+      "market: spot, checkpoint: {every: 1h}}\n"
+      "  after:\n    run: [\"true\"]\n    needs: [s, t]\n");
+  auto opts = Fast();
+  opts.speed = 100;  // the train stage would take weeks of wall time
+  int64_t run = c.SubmitRun(p, opts);
+  workers::Worker worker(WorkerOpts({{"cpu", 1}, {"trn1", 1}}));
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 2; }, 10));
+  auto report = c.CancelRun(run);
+  EXPECT_TRUE(report.cancelled);
+  EXPECT_EQ(report.stages_cancelled, 1);  // after
+  EXPECT_EQ(report.stages_running, 2);
+  // The notify wakes the worker's heartbeat at once; allow a generous bound.
+  ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 5));
+  EXPECT_EQ(RunState(c, run), "cancelled");
+  for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(a.outcome, "cancelled");
+  for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
+  EXPECT_FALSE(c.CancelRun(run).cancelled);
+}
+
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
 class EngineConcurrency : public ::testing::TestWithParam<int> {};
 

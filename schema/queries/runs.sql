@@ -122,3 +122,45 @@ SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM pending),
 
 -- name: CountRunningStages
 SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running';
+
+-- name: StagesToReset
+-- For retry: the named stage (or every expansion of a matrix stage) and everything
+-- downstream. For resume ($2 = ''): the run's failed, cancelled and skipped stages.
+WITH RECURSIVE target AS (
+  SELECT id FROM trnflow.stages
+  WHERE run_id = $1 AND (($2 <> '' AND (name = $2 OR name LIKE $2 || '[%'))
+                         OR ($2 = '' AND state IN ('failed', 'cancelled', 'skipped')))),
+down AS (
+  SELECT id FROM target
+  UNION
+  SELECT d.stage_id FROM trnflow.stage_deps d JOIN down ON d.needs_id = down.id WHERE $2 <> '')
+SELECT s.id, s.name, s.state FROM trnflow.stages s JOIN down ON down.id = s.id ORDER BY s.id
+FOR UPDATE OF s;
+
+-- name: ResetStages
+-- Back to the start with fresh budgets (errors, preemptions, the file's market); ready when
+-- every need has succeeded outside the reset set, blocked otherwise. Attempt numbers go on.
+WITH reset AS (SELECT unnest($1::bigint[]) AS id),
+updated AS (
+  UPDATE trnflow.stages s
+  SET pending_needs = p.pending,
+      state = CASE WHEN p.pending = 0 THEN 'ready' ELSE 'blocked' END,
+      ready_at = CASE WHEN p.pending = 0 THEN now() END,
+      errors = 0, preemptions = 0, market = s.spec->>'market', finished_at = NULL,
+      progress = CASE WHEN $2 THEN 0 ELSE s.progress END
+  FROM (SELECT r.id, (SELECT count(*) FROM trnflow.stage_deps d
+                      JOIN trnflow.stages n ON n.id = d.needs_id
+                      WHERE d.stage_id = r.id
+                        AND (n.state NOT IN ('succeeded', 'cached')
+                             OR n.id IN (SELECT id FROM reset))) AS pending
+        FROM reset r) p
+  WHERE s.id = p.id
+  RETURNING s.run_id, s.pool, s.state),
+run AS (
+  UPDATE trnflow.runs SET state = 'running', finished_at = NULL
+  WHERE id IN (SELECT run_id FROM updated) AND state <> 'running'
+  RETURNING id),
+notified AS (
+  SELECT pg_notify('trnflow_ready', pool)
+  FROM (SELECT DISTINCT pool FROM updated WHERE state = 'ready') x)
+SELECT (SELECT count(*) FROM updated), (SELECT count(*) FROM notified), (SELECT count(*) FROM run);
