@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "common/error.h"
@@ -384,6 +385,49 @@ TEST(Engine, CancelStopsRunningStagesPromptly) {
   for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(a.outcome, "cancelled");
   for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
   EXPECT_FALSE(c.CancelRun(run).cancelled);
+}
+
+// A real job that checkpoints to TRNFLOW_CHECKPOINT_DIR is interrupted (SIGTERM at the spot
+// notice) and the next attempt resumes from its file.
+TEST(Engine, RunStageResumesFromItsCheckpointAfterASpotInterruption) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: ckpt\nproject: lab\nsimulation: {spot_rate_multiplier: 20000}\nstages:\n"
+      "  job:\n    run: [\"tests/jobs/checkpointing_job.sh\"]\n    instance: c6i.large\n"
+      "    market: spot\n    retry: {spot: {max_interruptions: 30}, backoff: {initial: 1s}}\n");
+  auto opts = Fast();
+  opts.speed = 3600;  // the ~2 s job spans ~2 simulated hours of spot market
+  opts.seed = 3;
+  int64_t run = c.SubmitRun(p, opts);
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"cpu", 1}}));
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  auto attempts = c.GetAttempts(run);
+  int interruptions = 0;
+  for (const auto& a : attempts) {
+    if (a.outcome == "spot_interruption") {
+      ++interruptions;
+      EXPECT_GE(a.progress_to, a.progress_from) << a.message;
+    }
+  }
+  ASSERT_GT(interruptions, 0) << "seed 3 should interrupt the job at least once";
+  // Every attempt after the first started where the previous one checkpointed.
+  std::ifstream in(Home() + "/runs/" + std::to_string(run) + "/steps.log");
+  std::string line;
+  std::vector<int> starts;
+  std::map<int, int> done;
+  while (std::getline(in, line)) {
+    int n;
+    if (std::sscanf(line.c_str(), "attempt %*d starts at step %d", &n) == 1) starts.push_back(n);
+    else if (std::sscanf(line.c_str(), "step %d", &n) == 1) done[n]++;
+  }
+  ASSERT_GE(starts.size(), 2u);
+  for (size_t i = 1; i < starts.size(); ++i) EXPECT_GE(starts[i], starts[i - 1]);
+  EXPECT_GT(starts.back(), 0) << "the last attempt resumed from scratch";
+  for (int step = 1; step <= 40; ++step) EXPECT_GE(done[step], 1) << "step " << step << " never ran";
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.

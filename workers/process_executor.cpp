@@ -1,13 +1,31 @@
 // Runs a `run:` stage as a real child process. The only file that includes Boost.Process.
+//
+// The job's stdout and stderr go to the attempt's log file through a pipe this executor
+// reads, so a job can report with lines of its own:
+//   ::progress 0.42        how far it is (0..1)
+//   ::checkpoint PATH      its state up to the last ::progress is saved at PATH
+// On spot, the simulated market interrupts the job like EC2 does: SIGTERM at the two-minute
+// notice (a job should checkpoint and exit), SIGKILL when the instance goes away. The next
+// attempt runs with TRNFLOW_RESUME=1 and the same TRNFLOW_CHECKPOINT_DIR.
+//
+// A run has one clock: a command's wall time counts `speed` times over in simulated time
+// (billing, timeout, the spot market). At speed 1 — real jobs — the two are the same.
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <boost/process.hpp>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <random>
 #include <thread>
 
 #include "common/log.h"
+#include "sim/catalog.h"
+#include "sim/perf_model.h"
 #include "workers/executor.h"
 
 namespace bp = boost::process;
@@ -17,6 +35,7 @@ namespace {
 
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
 constexpr double kGraceSeconds = 10;
+constexpr double kNoticeSeconds = 120;
 
 std::string Substitute(std::string s, const ExecContext& ctx) {
   for (auto [expr, value] :
@@ -25,6 +44,35 @@ std::string Substitute(std::string s, const ExecContext& ctx) {
     for (size_t pos = s.find(expr); pos != std::string::npos; pos = s.find(expr, pos + value.size()))
       s.replace(pos, expr.size(), value);
   return s;
+}
+
+// What the job said about itself, from its output.
+struct Report {
+  std::mutex mu;  // guards the fields below; the reader thread writes, the waiter reads
+  double progress = 0;
+  double checkpointed = 0;
+  std::string checkpoint_path;
+};
+
+void ReadOutput(bp::ipstream& out, const std::string& log_path, Report& report) {
+  std::ofstream log(log_path, std::ios::app);
+  std::string line;
+  while (std::getline(out, line)) {
+    log << line << '\n';
+    log.flush();
+    if (line.rfind("::progress ", 0) == 0) {
+      char* end = nullptr;
+      double p = std::strtod(line.c_str() + 11, &end);
+      if (end != line.c_str() + 11 && std::isfinite(p)) {
+        std::scoped_lock lock(report.mu);
+        report.progress = std::clamp(p, 0.0, 1.0);
+      }
+    } else if (line.rfind("::checkpoint ", 0) == 0) {
+      std::scoped_lock lock(report.mu);
+      report.checkpointed = report.progress;
+      report.checkpoint_path = line.substr(13);
+    }
+  }
 }
 
 }  // namespace
@@ -69,57 +117,105 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   std::filesystem::create_directories(ctx.checkpoint_dir, ec);
   std::filesystem::create_directories(ctx.run_dir, ec);
 
+  // The simulated spot market, on the run's clock: when the instance would be reclaimed.
+  double interrupt_at = std::numeric_limits<double>::infinity();  // simulated seconds
+  if (ctx.market == Market::kSpot) {
+    if (const auto* type = sim::Catalog::Builtin().FindInstance(ctx.spec.instance)) {
+      double per_second = sim::SpotInterruptionsPerHour(*type) * ctx.spot_rate_multiplier *
+                          ctx.instance_count / 3600.0;
+      std::mt19937_64 rng(ctx.seed);
+      if (per_second > 0)
+        interrupt_at =
+            std::max(kNoticeSeconds, std::exponential_distribution<double>(per_second)(rng));
+    }
+  }
+  double notice_at = interrupt_at - kNoticeSeconds;
+
+  Report report;
+  report.progress = report.checkpointed = ctx.progress;
   auto start = std::chrono::steady_clock::now();
-  auto seconds = [&] {
+  auto wall = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   std::vector<std::string> args(argv.begin() + 1, argv.end());
+  bp::ipstream out;
   std::error_code launch_ec;
   bp::child child(bp::exe = exe.string(), bp::args = args, bp::env = env,
                   bp::start_dir = ctx.workdir, bp::std_in < bp::null,
-                  (bp::std_out & bp::std_err) > ctx.log_path, launch_ec);
+                  (bp::std_out & bp::std_err) > out, launch_ec);
   if (launch_ec) {
     r.outcome = Outcome::kInfraError;
     r.message = "could not start " + argv[0] + ": " + launch_ec.message();
     return r;
   }
+  std::thread reader([&] { ReadOutput(out, ctx.log_path, report); });
 
-  // Wait, while watching for a stop request or the timeout: SIGTERM, then SIGKILL after the
-  // grace period.
-  bool timed_out = false;
+  // Wait, while watching for a stop request, the timeout and the spot market: SIGTERM first,
+  // SIGKILL after the grace period (or when the instance is gone).
+  bool timed_out = false, noticed = false, reclaimed = false;
   double term_sent_at = -1;
   while (child.running(ec)) {
+    double now = wall(), sim_now = now * ctx.speed;
     bool stop = ctx.stop_reason() != StopReason::kNone;
-    timed_out = timed_out || (ctx.spec.timeout_s > 0 && seconds() > ctx.spec.timeout_s);
-    if ((stop || timed_out) && term_sent_at < 0) {
+    timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s);
+    noticed = noticed || sim_now >= notice_at;
+    if ((stop || timed_out || noticed) && term_sent_at < 0) {
       ::kill(child.id(), SIGTERM);
-      term_sent_at = seconds();
-    } else if (term_sent_at >= 0 && seconds() - term_sent_at > kGraceSeconds) {
+      term_sent_at = now;
+    } else if (sim_now >= interrupt_at ||
+               (term_sent_at >= 0 && now - term_sent_at > kGraceSeconds)) {
+      reclaimed = sim_now >= interrupt_at;
       child.terminate(ec);  // SIGKILL
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   child.wait(ec);
-  r.sim_seconds = seconds();
+  reader.join();
+  r.sim_seconds = wall() * ctx.speed;
   int status = child.native_exit_code();
+
+  double progress, checkpointed;
+  {
+    std::scoped_lock lock(report.mu);
+    progress = std::max(report.progress, ctx.progress);
+    checkpointed = std::max(report.checkpointed, ctx.progress);
+  }
+  auto partial = [&] {
+    r.progress_to = checkpointed;
+    double worked = progress - ctx.progress;
+    // Without progress lines nothing tells what was kept: the whole attempt is lost.
+    r.lost_fraction = worked > 0 ? std::clamp((progress - checkpointed) / worked, 0.0, 1.0) : 1.0;
+  };
 
   if (ctx.stop_reason() != StopReason::kNone) {
     r.outcome = Outcome::kCancelled;
     r.message = "stopped";
-    r.lost_fraction = 1;
+    partial();
+    return r;
+  }
+  if (noticed || reclaimed) {
+    r.outcome = Outcome::kSpotInterruption;
+    partial();
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "spot interruption (SIGTERM at the notice%s); progress %.0f%%, %.0f%% "
+                  "checkpointed",
+                  reclaimed ? ", SIGKILL at reclaim" : "", 100 * progress, 100 * checkpointed);
+    r.message = buf;
     return r;
   }
   if (timed_out) {
     r.outcome = Outcome::kTimeout;
-    r.message = "timed out after " + std::to_string(static_cast<int>(ctx.spec.timeout_s)) + "s";
-    r.lost_fraction = 1;
+    r.message = "timed out after " + std::to_string(static_cast<int>(ctx.spec.timeout_s)) +
+                " simulated seconds";
+    partial();
     return r;
   }
   if (WIFSIGNALED(status)) {
     r.outcome = Outcome::kInfraError;
     r.message = "killed by signal " + std::to_string(WTERMSIG(status));
-    r.lost_fraction = 1;
+    partial();
     return r;
   }
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -130,7 +226,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   r.outcome = code == kExitTempFail ? Outcome::kInfraError : Outcome::kFailed;
   r.message = "exited with code " + std::to_string(code) + "; output in " + ctx.log_path;
-  r.lost_fraction = 1;
+  partial();
   log->debug("stage={} exit={}", ctx.spec.name, code);
   return r;
 }
