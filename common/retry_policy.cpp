@@ -46,7 +46,8 @@ RetryDecision DecideAfterAttempt(const StageSpec& spec, Market current, Outcome 
   }
   if (preemption) {
     int n = preemptions_before + 1;
-    if (n <= r.max_interruptions) {
+    // The budget is spent by its last interruption: the attempt after it is not on spot.
+    if (n < r.max_interruptions) {
       d.next = StageState::kRetryWait;
       d.retry_in_s = BackoffSeconds(r.backoff, 1, jitter);
       d.reason = "preemption " + std::to_string(n) + " of " + std::to_string(r.max_interruptions);

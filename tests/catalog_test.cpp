@@ -12,6 +12,7 @@
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
+#include "sim/perf_model.h"
 #include "tests/test_db.h"
 #include "workers/worker.h"
 
@@ -428,6 +429,59 @@ TEST(Engine, RunStageResumesFromItsCheckpointAfterASpotInterruption) {
   for (size_t i = 1; i < starts.size(); ++i) EXPECT_GE(starts[i], starts[i - 1]);
   EXPECT_GT(starts.back(), 0) << "the last attempt resumed from scratch";
   for (int step = 1; step <= 40; ++step) EXPECT_GE(done[step], 1) << "step " << step << " never ran";
+}
+
+// A 48-simulated-hour spot training survives several interruptions, then spends its
+// preemption budget and finishes on on-demand; the ledger's waste is exactly the work lost.
+TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
+  schema::Catalog c(TestDatabase::url());
+  // llama-2-7b on trn1.32xlarge: ~26,300 tokens/s, so 4.5e9 tokens ≈ 48 simulated hours.
+  auto p = MustParse(
+      "pipeline: long-train\nproject: lab\nsimulation: {spot_rate_multiplier: 3000}\nstages:\n"
+      "  train:\n    kind: train\n    instance: trn1.32xlarge\n    model: llama-2-7b\n"
+      "    tokens: 4.5e9\n    market: spot\n    checkpoint: {every: 1h}\n"
+      "    retry: {spot: {max_interruptions: 3, then: on-demand}, backoff: {initial: 1s}}\n");
+  auto opts = Fast();
+  opts.speed = 2e6;
+  opts.seed = 5;
+  int64_t run = c.SubmitRun(p, opts);
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"trn1", 1}}));
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
+  EXPECT_EQ(RunState(c, run), "succeeded");
+  auto attempts = c.GetAttempts(run);
+  ASSERT_GE(attempts.size(), 4u) << "three preemptions, then on-demand";
+  EXPECT_EQ(attempts.back().outcome, "succeeded");
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  const sim::InstanceType& t = *hw.FindInstance("trn1.32xlarge");
+  sim::Workload w = sim::WorkloadFromJson(p.Find("train")->spec.workload_json);
+  double work = sim::EstimateTrain(w, t, 1).work_seconds;
+  double previous = 0;
+  for (const auto& a : attempts) {
+    EXPECT_GE(a.progress_from, previous - 1e-9) << "progress went back past a checkpoint";
+    previous = a.progress_to;
+    if (a.attempt <= 3) {
+      EXPECT_TRUE(a.outcome == "spot_interruption" || a.outcome == "capacity_unavailable") << a.outcome;
+      EXPECT_EQ(a.market, "spot");
+      if (a.outcome != "spot_interruption") continue;
+      // Waste = the attempt's work beyond what its last checkpoint kept, at its price.
+      double setup = sim::EstimateTrain(w, t, 1, a.attempt == 1).setup_seconds;
+      double worked = std::max(0.0, a.sim_seconds - setup);
+      double kept = (a.progress_to - a.progress_from) * work;
+      EXPECT_LE(worked - kept, 3600 + 1) << "more than one checkpoint interval lost";
+      double expected = a.cost.usd() * (worked - kept) / a.sim_seconds;
+      EXPECT_NEAR(a.wasted.usd(), expected, 0.01) << "attempt " << a.attempt;
+    } else {
+      EXPECT_EQ(a.market, "on-demand");
+      EXPECT_EQ(a.price_per_hour, t.on_demand_per_hour);
+    }
+  }
+  std::string r = std::to_string(run);
+  EXPECT_EQ(c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r),
+            c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
+                         "AND run_id = " + r));
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.

@@ -31,7 +31,8 @@ TEST(RetryPolicy, PreemptionsHaveTheirOwnBudgetThenFallBackToOnDemand) {
   auto d = DecideAfterAttempt(s, Market::kSpot, Outcome::kSpotInterruption, 2, 0, 0.5);
   EXPECT_EQ(d.next, StageState::kRetryWait);
   EXPECT_EQ(d.market, Market::kSpot);
-  d = DecideAfterAttempt(s, Market::kSpot, Outcome::kSpotInterruption, 0, 2, 0.5);
+  // max_interruptions 2: the second interruption spends the budget.
+  d = DecideAfterAttempt(s, Market::kSpot, Outcome::kSpotInterruption, 0, 1, 0.5);
   EXPECT_EQ(d.next, StageState::kRetryWait);
   EXPECT_EQ(d.market, Market::kOnDemand);
   s.retry.then_market = "fail";
