@@ -21,16 +21,13 @@ double Round(double v, int places) {
 
 namespace {
 
-constexpr double kNoticeSeconds = 120;
-
-// Simulated seconds of work one interruption loses: half a checkpoint interval, none when the
-// state can be saved inside the notice, half the stage when it never checkpoints.
+// Simulated seconds of work one interruption loses: what the notice cannot save when the
+// state is written at the notice, else half a checkpoint interval, else half the stage.
 double LostPerInterruption(const Stage& s, const sim::InstanceType& t, double seconds) {
   const CheckpointPolicy& c = s.spec.checkpoint;
   if (c.on_notice && s.workload && s.spec.kind == StageKind::kTrain) {
-    double bytes = 14.0 * s.workload->model.parameters;  // weights + optimizer, see sim/
-    double write_s = bytes / std::max(1e8, t.storage_write_gbps * 1e9 * s.spec.count);
-    if (write_s <= kNoticeSeconds) return 0;
+    double loss = sim::OnNoticeLossSeconds(*s.workload, t, s.spec.count);
+    if (loss >= 0) return c.every_s > 0 ? std::min(loss, c.every_s / 2) : loss;
   }
   if (c.every_s > 0) return std::min(c.every_s, seconds) / 2;
   return seconds / 2;

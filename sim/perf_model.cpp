@@ -140,6 +140,13 @@ double SpotInterruptionsPerHour(const InstanceType& t) {
 }  // namespace trnflow::sim
 
 namespace trnflow::sim {
+double OnNoticeLossSeconds(const Workload& w, const InstanceType& t, int count) {
+  constexpr double kCheckpointBytesPerParameter = 14;  // bf16 weights + fp32 master + Adam
+  double bytes = w.model.parameters * kCheckpointBytesPerParameter;
+  double write_s = bytes / std::max(1e8, t.storage_write_gbps * 1e9 * std::max(1, count));
+  return write_s <= kSpotNoticeSeconds ? kSpotNoticeSeconds - write_s : -1;
+}
+
 Metrics StageMetrics(const Workload& w, const InstanceType& t, int count) {
   Metrics m;
   m.hbm_total_gib = t.hbm_gib();

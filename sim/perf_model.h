@@ -35,6 +35,13 @@ Estimate EstimateServe(const Workload& w, const InstanceType& t, int count);
 Estimate EstimateStage(const Workload& w, const InstanceType& t, int count,
                        bool first_attempt = true);
 
+// Spot notice before an instance is reclaimed, seconds.
+inline constexpr double kSpotNoticeSeconds = 120;
+// With checkpoint.on_notice, the work an interruption loses: the notice less the time to
+// write the training state (14 bytes/parameter) to the instances' local storage. Negative
+// when the state cannot be written inside the notice (the last periodic checkpoint counts).
+double OnNoticeLossSeconds(const Workload& w, const InstanceType& t, int count);
+
 // What neuron-monitor would show while the stage runs: NeuronCore utilization and device
 // memory in use per instance.
 struct Metrics {

@@ -38,7 +38,9 @@ int64_t RunIdFrom(const std::string& out) {
 }  // namespace
 
 TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
-  Result r = Trnflow("run examples/climate/pipeline.yaml --speed 1000000");
+  // A calm spot market: every stage should take exactly one attempt.
+  Result r = Trnflow("run examples/climate/pipeline.yaml --speed 1000000",
+                     "TRNFLOW_SPOT_RATE_MULTIPLIER=0");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   int64_t run = RunIdFrom(r.out);
   // The printed total...
@@ -75,6 +77,23 @@ TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
   Result runs = Trnflow("runs --format json --project climate-lab");
   ASSERT_EQ(runs.exit_code, 0);
   EXPECT_NE(runs.out.find("\"run_id\": \"" + std::to_string(run) + "\""), std::string::npos);
+}
+
+// At its own (demo) spot rate and the default seed, the climate example survives an
+// interruption of its training stage and still succeeds.
+TEST(Cli, ClimateRunSurvivesASpotInterruptionAtTheDefaultSeed) {
+  Result r = Trnflow("run examples/climate/pipeline.yaml --speed 200000");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto j = nlohmann::json::parse(Trnflow("show " + std::to_string(RunIdFrom(r.out)) +
+                                         " --stage train --format json").out);
+  EXPECT_EQ(j["run"]["state"], "succeeded");
+  ASSERT_EQ(j["stages"].size(), 1u);
+  const auto& attempts = j["stages"][0]["attempts"];
+  ASSERT_GE(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0]["outcome"], "spot_interruption");
+  EXPECT_GT(attempts[0]["progress_to"].get<double>(), 0.5) << "resumes from its checkpoint";
+  EXPECT_EQ(attempts[1]["progress_from"], attempts[0]["progress_to"]);
+  EXPECT_EQ(attempts.back()["outcome"], "succeeded");
 }
 
 TEST(Cli, FailingStageFailsTheRunWithExitOne) {

@@ -35,7 +35,7 @@ namespace {
 
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
 constexpr double kGraceSeconds = 10;
-constexpr double kNoticeSeconds = 120;
+
 
 std::string Substitute(std::string s, const ExecContext& ctx) {
   for (auto [expr, value] :
@@ -126,10 +126,10 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
       std::mt19937_64 rng(ctx.seed);
       if (per_second > 0)
         interrupt_at =
-            std::max(kNoticeSeconds, std::exponential_distribution<double>(per_second)(rng));
+            std::max(sim::kSpotNoticeSeconds, std::exponential_distribution<double>(per_second)(rng));
     }
   }
-  double notice_at = interrupt_at - kNoticeSeconds;
+  double notice_at = interrupt_at - sim::kSpotNoticeSeconds;
 
   Report report;
   report.progress = report.checkpointed = ctx.progress;

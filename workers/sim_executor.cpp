@@ -16,9 +16,6 @@
 
 namespace trnflow::workers {
 namespace {
-constexpr double kNoticeSeconds = 120;  // EC2 spot interruption notice
-// Checkpoint size: bf16 weights plus fp32 master weights and Adam moments.
-constexpr double kTrainStateBytesPerParameter = 14;
 // InsufficientInstanceCapacity at launch, per attempt. The spot figure scales with the run's
 // spot rate multiplier (at most 20%); on-demand shortages are rarer and do not.
 constexpr double kSpotShortage = 0.01;
@@ -123,9 +120,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
       saved = std::max(saved, std::floor(done / ctx.spec.checkpoint.every_s) *
                                   ctx.spec.checkpoint.every_s);
     if (ctx.spec.checkpoint.on_notice && w.kind == StageKind::kTrain && worked > 0) {
-      double bytes = w.model.parameters * kTrainStateBytesPerParameter;
-      double write_s = bytes / std::max(1e8, type->storage_write_gbps * 1e9 * ctx.instance_count);
-      if (write_s <= kNoticeSeconds) saved = std::max(saved, done - kNoticeSeconds + write_s);
+      double loss = sim::OnNoticeLossSeconds(w, *type, ctx.instance_count);
+      if (loss >= 0) saved = std::max(saved, done - loss);
     }
     return std::clamp(saved, done_before, done);
   };
