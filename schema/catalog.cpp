@@ -110,9 +110,11 @@ struct Catalog::Impl {
     leader = false;
     try {
       conn = std::make_unique<pqxx::connection>(url);
-      // Operators (and tests) can tell trnflow processes apart in pg_stat_activity.
+      // Operators (and tests) can tell trnflow processes apart in pg_stat_activity. JIT off:
+      // once the catalog holds a million rows, estimated costs cross jit_above_cost and every
+      // short statement would pay ~10 ms of LLVM compilation (claim_bench measured it).
       pqxx::nontransaction nt(*conn);
-      nt.exec("SET application_name = 'trnflow:" + std::to_string(getpid()) + "'");
+      nt.exec("SET application_name = 'trnflow:" + std::to_string(getpid()) + "'; SET jit = off");
     } catch (const std::exception& e) {
       std::string why = e.what();
       while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
@@ -727,6 +729,13 @@ std::string Catalog::QueryValue(const std::string& sql) {
     tx.commit();
     if (r.empty() || r[0][0].is_null()) return std::string();
     return r[0][0].as<std::string>();
+  });
+}
+
+void Catalog::RunOutsideTransaction(const std::string& sql) {
+  impl_->Guard([&] {
+    pqxx::nontransaction nt(impl_->C());
+    nt.exec(sql);
   });
 }
 

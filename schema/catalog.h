@@ -252,6 +252,8 @@ class Catalog {
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);
+  // A statement that cannot run in a transaction (VACUUM); for maintenance and benchmarks.
+  void RunOutsideTransaction(const std::string& sql);
 
  private:
   struct Impl;

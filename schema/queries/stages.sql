@@ -129,8 +129,8 @@ SET finished_at = now(),
         THEN 'failed'
       ELSE 'succeeded' END
 WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY($1::bigint[]))
-  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
-                  AND s.state NOT IN ('succeeded', 'cached', 'failed', 'skipped', 'cancelled'))
+  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
+                  AND s.state IN ('blocked', 'ready', 'running', 'retry_wait'))
 RETURNING r.id, r.state;
 
 -- name: PromoteRetries
