@@ -27,6 +27,10 @@ struct RunArgs {
   bool force = false;
 };
 
+struct SpendArgs {
+  std::string project, pipeline, since, until, by, format = "table";
+};
+
 // Parses key=value pairs; throws UserError naming the bad one.
 std::map<std::string, std::string> ParseParams(const std::vector<std::string>& kv);
 // Loads and validates; prints diagnostics (errors and warnings) to stderr. nullopt on error.

@@ -67,13 +67,14 @@ int CmdRuns(const std::string& project, const std::string& state, int limit,
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : runs)
-    rows.push_back({std::to_string(r.id), r.pipeline, r.project, r.state, r.created_at,
-                    r.cost.ToDollars()});
+    rows.push_back({std::to_string(r.id), r.pipeline, r.project,
+                    r.cancel_reason == "budget_exceeded" ? "over budget" : r.state, r.created_at,
+                    r.cost.ToDollars(), r.budget ? r.budget->ToDollars() : ""});
   if (rows.empty()) {
     std::cout << "no runs" << (project.empty() ? "" : " in project " + project) << "\n";
     return kExitOk;
   }
-  std::cout << Table({">RUN", "PIPELINE", "PROJECT", "STATE", "CREATED", ">COST"}, rows);
+  std::cout << Table({">RUN", "PIPELINE", "PROJECT", "STATE", "CREATED", ">COST", ">BUDGET"}, rows);
   return kExitOk;
 }
 
@@ -135,6 +136,9 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
           {"project", run->project},
           {"pipeline", run->pipeline},
           {"state", run->state},
+          {"cancel_reason", run->cancel_reason.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(run->cancel_reason)},
+          {"budget_usd", run->budget ? nlohmann::json(Usd(*run->budget)) : nlohmann::json(nullptr)},
           {"speed", run->speed},
           {"seed", run->seed},
           {"created_at", run->created_at},
@@ -145,10 +149,13 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
     std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
+  std::string state = run->state;
+  if (run->cancel_reason == "budget_exceeded") state += " (budget exceeded)";
   std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project
-            << "  " << run->state << "  created " << run->created_at
+            << "  " << state << "  created " << run->created_at
             << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
-            << run->cost.ToDollars() << "\n\n";
+            << run->cost.ToDollars()
+            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n\n";
   auto metrics_cell = [&](int64_t stage_id) -> std::string {
     auto it = metrics.find(stage_id);
     if (it == metrics.end()) return "";

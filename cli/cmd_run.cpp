@@ -14,6 +14,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "pipelines/plan.h"
 #include "scheduler/scheduler.h"
 #include "workers/worker.h"
 
@@ -179,6 +180,8 @@ int CmdRun(const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
   auto pools = PoolsFor(*pipeline, a.pools);
   auto catalog = OpenCatalog();
+  AdmitOrRefuse(*catalog, *pipeline, pipelines::MakePlan(*pipeline).total_cost,
+                a.project.empty() ? pipeline->project : a.project, a.force);
   int64_t run_id = catalog->SubmitRun(*pipeline, opts);
   std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
             << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
@@ -224,6 +227,8 @@ int CmdSubmit(const RunArgs& a) {
   ApplySpotRateMultiplier(*pipeline);
   auto opts = SubmitOptionsFor(a);
   auto catalog = OpenCatalog();
+  AdmitOrRefuse(*catalog, *pipeline, pipelines::MakePlan(*pipeline).total_cost,
+                a.project.empty() ? pipeline->project : a.project, a.force);
   int64_t run_id = catalog->SubmitRun(*pipeline, opts);
   if (a.format == "json")
     std::cout << nlohmann::json{{"run_id", std::to_string(run_id)}}.dump() << "\n";

@@ -25,6 +25,15 @@ int CmdDbMigrate();
 int CmdWorker(const std::vector<std::string>& pools, double lease_s);
 int CmdScheduler();
 
+int CmdSpend(const SpendArgs& args);
+int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
+int CmdBudgetList(const std::string& format);
+int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members);
+int CmdProjectList();
+
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
+// Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
+                   const std::string& project, bool force);
 
 }  // namespace trnflow::cli

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   AddRunOptions(submit, submit_args, true);
   submit->add_option("--format", submit_args.format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
+  submit->add_flag("--force", submit_args.force, "override budget admission");
 
   std::vector<std::string> validate_files;
   auto* validate = app.add_subcommand("validate", "check pipeline files; writes nothing");
@@ -96,6 +97,39 @@ int main(int argc, char** argv) {
   instances->add_option("--format", instances_format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
 
+  SpendArgs spend_args;
+  auto* spend = app.add_subcommand("spend", "spend report from the ledger");
+  spend->add_option("--project", spend_args.project, "only this project");
+  spend->add_option("--pipeline", spend_args.pipeline, "only this pipeline");
+  spend->add_option("--since", spend_args.since, "from this day (YYYY-MM-DD, UTC)");
+  spend->add_option("--until", spend_args.until, "to this day, inclusive (YYYY-MM-DD, UTC)");
+  spend->add_option("--by", spend_args.by,
+                    "group by any of project,pipeline,run,stage,kind,instance,market,day,month");
+  spend->add_option("--format", spend_args.format, "table, csv or json")
+      ->check(CLI::IsMember({"table", "csv", "json"}));
+
+  auto* budget = app.add_subcommand("budget", "project budgets");
+  budget->require_subcommand(1);
+  std::string budget_project, budget_usd, budget_period = "month", budget_format = "table";
+  auto* budget_set = budget->add_subcommand("set", "set a project's budget");
+  budget_set->add_option("PROJECT", budget_project, "project")->required();
+  budget_set->add_option("USD", budget_usd, "dollars per period")->required();
+  budget_set->add_option("--period", budget_period, "month (default, UTC) or total")
+      ->check(CLI::IsMember({"month", "total"}));
+  auto* budget_ls = budget->add_subcommand("ls", "budgets with what is spent and left");
+  budget_ls->add_option("--format", budget_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+
+  auto* project = app.add_subcommand("project", "projects and their PostgreSQL roles");
+  project->require_subcommand(1);
+  std::string project_name;
+  std::vector<std::string> project_members;
+  auto* project_add = project->add_subcommand(
+      "add", "create a project and its read-only group role trnflow_project_NAME");
+  project_add->add_option("NAME", project_name, "project name")->required();
+  project_add->add_option("--member", project_members, "a login role to add (repeatable)");
+  auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
+
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
@@ -131,6 +165,11 @@ int main(int argc, char** argv) {
     if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
     if (instances->parsed()) return CmdInstances(instances_format);
     if (migrate->parsed()) return CmdDbMigrate();
+    if (spend->parsed()) return CmdSpend(spend_args);
+    if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
+    if (budget_ls->parsed()) return CmdBudgetList(budget_format);
+    if (project_add->parsed()) return CmdProjectAdd(project_name, project_members);
+    if (project_ls->parsed()) return CmdProjectList();
     if (worker->parsed()) return CmdWorker(worker_pools, lease_s);
     if (sched->parsed()) return CmdScheduler();
   } catch (const UserError& e) {

@@ -25,6 +25,50 @@ struct Service {
   Steady::time_point due = Steady::now();
 };
 
+// The highest of 50, 80, 100 that `spent` has reached of `budget`, or 0.
+int ThresholdReached(Money spent, Money budget) {
+  if (budget.micros() <= 0) return 0;
+  double pct = 100.0 * static_cast<double>(spent.micros()) / static_cast<double>(budget.micros());
+  return pct >= 100 ? 100 : pct >= 80 ? 80 : pct >= 50 ? 50 : 0;
+}
+
+// Budgets are enforced on actual spend (running attempts included): announce each threshold
+// once per period, and at 100% stop the project's (or the run's) running runs.
+void GuardBudgets(schema::Catalog& c) {
+  auto log = Logger("scheduler.budget");
+  for (const auto& b : c.ProjectBudgets()) {
+    int reached = ThresholdReached(b.spent, b.amount);
+    if (reached > b.notified_percent) {
+      std::string msg = "project " + b.project + " has spent " + b.spent.ToDollars() + " of its " +
+                        b.period + " budget of " + b.amount.ToDollars() + " (" +
+                        std::to_string(reached) + "%)";
+      c.InsertEvent(0, 0, "budget", msg,
+                    R"({"project": ")" + b.project + R"(", "percent": )" + std::to_string(reached) + "}");
+      c.RecordBudgetNotice(b.project, reached);
+      log->warn("{}", msg);
+    }
+    if (reached >= 100)
+      for (int64_t run : c.RunningRunsOfProject(b.project)) {
+        c.CancelRun(run, "budget_exceeded");
+        c.InsertEvent(run, 0, "budget", "run stopped: project " + b.project + " is over budget");
+        log->warn("run={} stopped: project {} over budget", run, b.project);
+      }
+  }
+  for (const auto& r : c.RunBudgets()) {
+    int reached = ThresholdReached(r.spent, r.budget);
+    if (reached > r.notified_percent) {
+      c.InsertEvent(r.run_id, 0, "budget",
+                    "run has spent " + r.spent.ToDollars() + " of its budget_usd " +
+                        r.budget.ToDollars() + " (" + std::to_string(reached) + "%)");
+      c.RecordRunBudgetNotice(r.run_id, reached);
+    }
+    if (reached >= 100) {
+      c.CancelRun(r.run_id, "budget_exceeded");
+      log->warn("run={} stopped: over its budget_usd {}", r.run_id, r.budget.ToDollars());
+    }
+  }
+}
+
 }  // namespace
 
 Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
@@ -67,6 +111,7 @@ void Scheduler::Loop() {
            r.billed_seconds = BilledSeconds(e.sim_seconds);
            r.cost = Charge(e.price_per_hour, e.instance_count, e.sim_seconds);
            r.wasted = r.cost;  // nothing since the last checkpoint can be trusted
+           r.baseline = r.cost;
            r.progress_to = e.progress;
            r.message = "lease expired: worker stopped heartbeating; " + d.reason;
            Logger("scheduler.rescuer")
@@ -76,6 +121,8 @@ void Scheduler::Loop() {
          });
          if (n) Logger("scheduler.rescuer")->info("rescued={}", n);
        }},
+      {"budget", options_.budget_every_s,
+       [&](schema::Catalog& c) { GuardBudgets(c); }},
       {"finisher", options_.finish_every_s,
        [&](schema::Catalog& c) {
          for (int64_t id : c.FinishRuns()) Logger("scheduler.finisher")->info("finished run={}", id);

@@ -17,6 +17,7 @@ struct SchedulerOptions {
   double promote_every_s = 0.5;
   double rescue_every_s = 1.0;
   double finish_every_s = 2.0;
+  double budget_every_s = 1.0;
   uint64_t seed = 0;              // jitter of intervals and of retry backoff
 };
 

@@ -188,7 +188,7 @@ struct Catalog::Impl {
   }
 
   std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results) {
-    std::vector<int64_t> ids, billed, cost, wasted, saved;
+    std::vector<int64_t> ids, billed, cost, wasted, saved, baseline;
     std::vector<int> attempts;
     std::vector<std::string> owners, outcomes, states, markets, messages;
     std::vector<double> retry, sim, progress;
@@ -208,13 +208,14 @@ struct Catalog::Impl {
       saved.push_back(r.saved.micros());
       progress.push_back(r.progress_to);
       messages.push_back(r.message);
+      baseline.push_back(r.baseline.micros());
       attempt_of[r.stage_id] = r.attempt;
     }
     pqxx::result done = Exec(
         tx, "CompleteAttempts", NumberArray(ids), NumberArray(attempts), TextArray(owners),
         TextArray(outcomes), TextArray(states), TextArray(markets), NumberArray(retry),
         NumberArray(sim), NumberArray(billed), NumberArray(cost), NumberArray(wasted),
-        NumberArray(saved), NumberArray(progress), TextArray(messages));
+        NumberArray(saved), NumberArray(progress), TextArray(messages), NumberArray(baseline));
     std::vector<int64_t> succeeded, failed, runs;
     std::vector<LeaseKey> applied;
     for (const auto& row : done) {
@@ -223,7 +224,7 @@ struct Catalog::Impl {
       if (state == "succeeded" || state == "cached") succeeded.push_back(id);
       if (state == "failed" || state == "cancelled") failed.push_back(id);
       runs.push_back(row[1].as<int64_t>());
-      applied.push_back({id, attempt_of[id]});
+      applied.push_back({id, attempt_of[id], false, ""});
     }
     // The last metrics of each applied attempt become an event; stale results add nothing.
     std::map<int64_t, int64_t> run_of;
@@ -447,7 +448,8 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
     tx.commit();
     std::vector<LeaseKey> out;
     for (const auto& row : r)
-      out.push_back({row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>()});
+      out.push_back({row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>(),
+                     row[3].as<std::string>()});
     return out;
   });
 }
@@ -537,6 +539,7 @@ RunRow ReadRun(const pqxx::row& row) {
   r.cost = MoneyOf(row[9]);
   if (!row[10].as<std::string>().empty()) r.budget = MoneyOf(row[10]);
   r.wall_seconds = row[11].as<double>();
+  r.cancel_reason = row[12].as<std::string>();
   return r;
 }
 }  // namespace
@@ -664,10 +667,10 @@ Catalog::Notifications Catalog::AwaitNotifications(int timeout_ms) {
   });
 }
 
-CancelReport Catalog::CancelRun(int64_t run_id) {
+CancelReport Catalog::CancelRun(int64_t run_id, const std::string& reason) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::row r = impl_->Exec(tx, "CancelRun", run_id)[0];
+    pqxx::row r = impl_->Exec(tx, "CancelRun", run_id, reason)[0];
     tx.commit();
     return CancelReport{r[0].as<int>() > 0, r[1].as<int>(), r[3].as<int>()};
   });
@@ -712,6 +715,178 @@ int Catalog::RetryStage(int64_t run_id, const std::string& stage) {
     int n = impl_->Exec(tx, "ResetStages", NumberArray(ids), true)[0][0].as<int>();
     tx.commit();
     return n;
+  });
+}
+
+namespace {
+// --by fields and the SQL expression each reads; nothing a user types reaches SQL text.
+const std::map<std::string, std::string>& SpendFields() {
+  static const std::map<std::string, std::string> fields = {
+      {"project", "project"},        {"pipeline", "pipeline"}, {"run", "run"},
+      {"stage", "stage"},            {"kind", "kind"},         {"instance", "instance_type"},
+      {"market", "market"},          {"day", "day::text"},     {"month", "to_char(day, 'YYYY-MM')"}};
+  return fields;
+}
+}  // namespace
+
+std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
+  std::vector<std::string> keys;
+  bool per_run = false;
+  for (const auto& b : q.by) {
+    auto it = SpendFields().find(b);
+    if (it == SpendFields().end())
+      throw UserError("--by " + b + ": unknown field; use any of project, pipeline, run, stage, "
+                      "kind, instance, market, day, month");
+    keys.push_back(it->second);
+    per_run = per_run || b == "run";
+  }
+  // The rollup answers everything but per-run questions, which need the ledger itself.
+  std::string source =
+      per_run ? "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
+                "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
+                "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
+                "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
+                "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
+                "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
+                "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x"
+              : "trnflow.spend_rollup";
+  std::string select, group;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    select += keys[i] + ", ";
+    group += (i ? ", " : "") + std::to_string(i + 1);
+  }
+  std::string sql = "SELECT " + select +
+                    "sum(attempts), sum(billed_seconds) / 3600.0, sum(cost_usd)::text, "
+                    "sum(wasted_usd)::text, sum(saved_usd)::text FROM " + source +
+                    " WHERE ($1 = '' OR project = $1) AND ($2 = '' OR pipeline = $2)"
+                    " AND ($3 = '' OR day >= $3::date) AND ($4 = '' OR day <= $4::date)" +
+                    (group.empty() ? "" : " GROUP BY " + group) +
+                    " ORDER BY sum(cost_usd) DESC NULLS LAST" + (group.empty() ? "" : ", " + group);
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<SpendRow> out;
+    pqxx::result r;
+    try {
+      r = tx.exec_params(sql, q.project, q.pipeline, q.since, q.until);
+    } catch (const pqxx::data_exception& e) {
+      throw UserError("--since/--until take dates like 2026-11-01");
+    }
+    for (const auto& row : r) {
+      const auto k = static_cast<pqxx::row::size_type>(keys.size());
+      if (row[k].is_null()) continue;  // no rows at all
+      SpendRow s;
+      for (pqxx::row::size_type i = 0; i < k; ++i) s.keys.push_back(row[i].as<std::string>());
+      s.attempts = row[k].as<int64_t>();
+      s.billed_hours = row[k + 1].as<double>();
+      s.cost = MoneyOf(row[k + 2]);
+      s.wasted = MoneyOf(row[k + 3]);
+      s.saved = MoneyOf(row[k + 4]);
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+}
+
+void Catalog::SetBudget(const std::string& project, Money amount, const std::string& period) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "EnsureProject", project);
+    impl_->Exec(tx, "UpsertBudget", project, amount.ToDecimal(), period);
+    tx.commit();
+  });
+}
+
+std::vector<BudgetRow> Catalog::ProjectBudgets(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<BudgetRow> out;
+    for (const auto& row : impl_->Exec(tx, "ProjectBudgets", project)) {
+      BudgetRow b;
+      b.project = row[0].as<std::string>();
+      b.amount = MoneyOf(row[1]);
+      b.period = row[2].as<std::string>();
+      b.notified_percent = row[4].as<bool>() ? row[3].as<int>() : 0;
+      b.spent = MoneyOf(row[5]);
+      out.push_back(std::move(b));
+    }
+    return out;
+  });
+}
+
+void Catalog::RecordBudgetNotice(const std::string& project, int percent) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordBudgetNotice", project, percent);
+    tx.commit();
+  });
+}
+
+std::vector<RunBudgetRow> Catalog::RunBudgets() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<RunBudgetRow> out;
+    for (const auto& row : impl_->Exec(tx, "RunBudgets"))
+      out.push_back({row[0].as<int64_t>(), row[1].as<std::string>(), MoneyOf(row[2]),
+                     row[3].as<int>(), MoneyOf(row[4])});
+    return out;
+  });
+}
+
+void Catalog::RecordRunBudgetNotice(int64_t run_id, int percent) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordRunBudgetNotice", run_id, percent);
+    tx.commit();
+  });
+}
+
+std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<int64_t> out;
+    for (const auto& row : impl_->Exec(tx, "RunningRunsOfProject", project))
+      out.push_back(row[0].as<int64_t>());
+    return out;
+  });
+}
+
+std::string Catalog::AddProject(const std::string& name, const std::vector<std::string>& members) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::string role;
+    try {
+      role = impl_->Exec(tx, "AddProject", name, TextArray(members))[0][0].as<std::string>();
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() == "22023" || e.sqlstate() == "42704") {
+        std::string what = e.what();
+        what = what.substr(what.find(':') == std::string::npos ? 0 : what.find(':') + 2);
+        while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+        throw UserError(what);
+      }
+      if (e.sqlstate() == "42501")
+        throw UserError("the catalog role may not create roles: give it CREATEROLE "
+                        "(ALTER ROLE trnflow CREATEROLE)");
+      throw;
+    }
+    tx.commit();
+    return role;
+  });
+}
+
+std::vector<ProjectRow> Catalog::ListProjects() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<ProjectRow> out;
+    for (const auto& row : impl_->Exec(tx, "ListProjects")) {
+      ProjectRow p;
+      p.name = row[0].as<std::string>();
+      p.role = row[1].as<std::string>();
+      std::string members = row[2].as<std::string>();
+      if (!members.empty()) p.members = SplitComma(members);
+      p.runs = row[3].as<int64_t>();
+      out.push_back(std::move(p));
+    }
+    return out;
   });
 }
 

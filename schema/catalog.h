@@ -69,6 +69,7 @@ struct AttemptResult {
   double progress_to = 0;
   std::string message;
   std::string metrics_json;  // latest neuron-monitor-like metrics, recorded as an event
+  Money baseline;            // the same useful work on the GPU baseline, plus the waste
 };
 
 struct EventRow {
@@ -83,6 +84,7 @@ struct LeaseKey {
   int64_t stage_id = 0;
   int attempt = 0;
   bool run_cancelled = false;  // HeartbeatLeases: the run was cancelled; stop the stage
+  std::string cancel_reason;   // "cancelled" or "budget_exceeded"
 };
 
 struct CancelReport {
@@ -104,6 +106,7 @@ struct RunRow {
   Money cost;
   std::optional<Money> budget;
   double wall_seconds = 0;
+  std::string cancel_reason;  // "" unless cancelled: cancelled | budget_exceeded
 };
 
 struct StageRow {
@@ -157,6 +160,43 @@ struct ExpiredLease {
   Money price_per_hour;
   double sim_seconds = 0;  // simulated time since the attempt started
   double speed = 1;        // the run's simulated seconds per wall second
+};
+
+struct BudgetRow {
+  std::string project;
+  Money amount;
+  std::string period;        // month | total
+  int notified_percent = 0;  // highest threshold announced in this period (0, 50, 80, 100)
+  Money spent;               // this period, running attempts included
+};
+
+struct RunBudgetRow {
+  int64_t run_id = 0;
+  std::string project;
+  Money budget;
+  int notified_percent = 0;
+  Money spent;
+};
+
+// `trnflow spend`: totals grouped by any of project, pipeline, run, stage, kind, instance,
+// market, day, month; filters are optional ("" = all; dates YYYY-MM-DD, until inclusive).
+struct SpendQuery {
+  std::string project, pipeline, since, until;
+  std::vector<std::string> by;
+};
+
+struct SpendRow {
+  std::vector<std::string> keys;  // in the order of SpendQuery::by
+  int64_t attempts = 0;
+  double billed_hours = 0;
+  Money cost, wasted, saved;
+};
+
+struct ProjectRow {
+  std::string name;
+  std::string role;
+  std::vector<std::string> members;
+  int64_t runs = 0;
 };
 
 struct MigrateReport {
@@ -239,7 +279,8 @@ class Catalog {
   Notifications AwaitNotifications(int timeout_ms);
 
   // --- operators --------------------------------------------------------------------------
-  CancelReport CancelRun(int64_t run_id);
+  // reason: "cancelled" (an operator) or "budget_exceeded" (the budget guard).
+  CancelReport CancelRun(int64_t run_id, const std::string& reason = "cancelled");
   // A failed or cancelled run continues: its failed, cancelled and skipped stages start over
   // with fresh budgets, from their last checkpoint; succeeded and cached stages stay.
   // Returns the stages reset; throws UserError when the run is running or succeeded.
@@ -249,6 +290,21 @@ class Catalog {
   // still running.
   int RetryStage(int64_t run_id, const std::string& stage);
   int CountRunningStages(int64_t run_id);
+
+  // --- spend, budgets, projects -------------------------------------------------------------
+  // Throws UserError for a --by field it does not know.
+  std::vector<SpendRow> Spend(const SpendQuery& query);
+  void SetBudget(const std::string& project, Money amount, const std::string& period);
+  std::vector<BudgetRow> ProjectBudgets(const std::string& project = "");
+  void RecordBudgetNotice(const std::string& project, int percent);
+  std::vector<RunBudgetRow> RunBudgets();
+  void RecordRunBudgetNotice(int64_t run_id, int percent);
+  std::vector<int64_t> RunningRunsOfProject(const std::string& project);
+  // Creates the project (if new), its group role trnflow_project_NAME with read access, and
+  // grants it to each member login role. Returns the group role. UserError for a bad name or
+  // a member role that does not exist.
+  std::string AddProject(const std::string& name, const std::vector<std::string>& members);
+  std::vector<ProjectRow> ListProjects();
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

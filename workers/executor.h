@@ -11,7 +11,9 @@
 
 namespace trnflow::workers {
 
-enum class StopReason : int { kNone = 0, kLeaseLost = 1, kShutdown = 2, kCancelled = 3 };
+enum class StopReason : int {
+  kNone = 0, kLeaseLost = 1, kShutdown = 2, kCancelled = 3, kBudgetExceeded = 4
+};
 
 struct ExecContext {
   StageSpec spec;

@@ -17,6 +17,8 @@
 #include "common/retry_policy.h"
 #include "nlohmann/json.hpp"
 #include "schema/catalog.h"
+#include "sim/catalog.h"
+#include "sim/perf_model.h"
 #include "workers/executor.h"
 
 namespace trnflow::workers {
@@ -51,6 +53,28 @@ std::string SafeName(std::string s) {
   for (char& c : s)
     if (c == '/' || c == ' ') c = '_';
   return s;
+}
+
+// What this attempt's useful work would have cost on the GPU baseline (p4d.24xlarge, same
+// market and count), plus its waste, which the market would have caused either way. Stages
+// the baseline does not change (commands, compiles, no progress) cost the same there.
+Money BaselineCost(const schema::ClaimedStage& c, const ExecResult& er, Money cost, Money wasted) {
+  const sim::Catalog& hw = sim::Catalog::Builtin();
+  const sim::InstanceType* gpu = hw.FindInstance("p4d.24xlarge");
+  double useful = er.progress_to - c.progress;
+  if (!gpu || c.spec.workload_json.empty() || useful <= 0 ||
+      (c.spec.kind != StageKind::kTrain && c.spec.kind != StageKind::kDeploy &&
+       c.spec.kind != StageKind::kBenchmark))
+    return cost;
+  try {
+    sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
+    sim::Estimate e = sim::EstimateStage(w, *gpu, c.instance_count, c.attempt == 1);
+    if (e.work_seconds <= 0) return cost;
+    return Charge(gpu->price(c.market == Market::kSpot), c.instance_count,
+                  useful * e.work_seconds) + wasted;
+  } catch (const std::exception&) {
+    return cost;
+  }
 }
 
 struct Running {
@@ -206,9 +230,11 @@ struct Worker::Impl {
           std::scoped_lock lock(mu);
           if (auto it = running.find(k.stage_id); it != running.end()) {
             int expected = static_cast<int>(StopReason::kNone);
-            if (it->second->stop.compare_exchange_strong(expected,
-                                                         static_cast<int>(StopReason::kCancelled)))
-              log->info("run cancelled: stopping stage={}", k.stage_id);
+            auto why = k.cancel_reason == "budget_exceeded" ? StopReason::kBudgetExceeded
+                                                            : StopReason::kCancelled;
+            if (it->second->stop.compare_exchange_strong(expected, static_cast<int>(why)))
+              log->info("run cancelled ({}): stopping stage={}",
+                        k.cancel_reason.empty() ? "cancelled" : k.cancel_reason, k.stage_id);
           }
         }
         for (auto& [sid, r] : before) {
@@ -339,6 +365,7 @@ struct Worker::Impl {
     r.sim_seconds = er.sim_seconds;
     r.progress_to = er.progress_to;
     r.message = er.message;
+    if (why == StopReason::kBudgetExceeded) r.outcome = Outcome::kBudgetExceeded;
     if (why == StopReason::kShutdown) {
       r.outcome = Outcome::kCancelled;
       r.next_state = StageState::kReady;
@@ -350,7 +377,7 @@ struct Worker::Impl {
         std::scoped_lock lock(mu);
         jitter = std::uniform_real_distribution<double>(0, 1)(rng);
       }
-      RetryDecision d = DecideAfterAttempt(c.spec, c.market, er.outcome, c.errors, c.preemptions,
+      RetryDecision d = DecideAfterAttempt(c.spec, c.market, r.outcome, c.errors, c.preemptions,
                                            jitter);
       r.next_state = d.next;
       r.next_market = d.market;
@@ -366,6 +393,7 @@ struct Worker::Impl {
       r.wasted = Money::FromMicros(
           static_cast<int64_t>(std::llround(r.cost.micros() * std::clamp(er.lost_fraction, 0.0, 1.0))));
     }
+    r.baseline = BaselineCost(c, er, r.cost, r.wasted);
     return r;
   }
 };

@@ -44,7 +44,8 @@ SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
        coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
        coalesce(r.budget_usd::text, ''),
-       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at))
+       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
+       coalesce(r.cancel_reason, '')
 FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE r.id = $1;
 
@@ -54,7 +55,8 @@ SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
        coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
        coalesce(r.budget_usd::text, ''),
-       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at))
+       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
+       coalesce(r.cancel_reason, '')
 FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR r.state = $2)
 ORDER BY r.id DESC
@@ -91,7 +93,7 @@ ORDER BY a.stage_id, a.attempt;
 
 -- name: InsertEvent
 INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
-VALUES ($1, NULLIF($2, 0), $3, $4, $5::jsonb);
+VALUES (NULLIF($1, 0), NULLIF($2, 0), $3, $4, $5::jsonb);
 
 -- name: InsertEvents
 INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
@@ -108,7 +110,7 @@ ORDER BY stage_id, id DESC;
 -- Stages not yet running end now; running ones are stopped by their workers, which learn of
 -- it from the notify (and their next heartbeat) and close the attempt as cancelled.
 WITH run AS (
-  UPDATE trnflow.runs SET state = 'cancelled', finished_at = now()
+  UPDATE trnflow.runs SET state = 'cancelled', finished_at = now(), cancel_reason = $2
   WHERE id = $1 AND state = 'running'
   RETURNING id),
 pending AS (
@@ -164,3 +166,67 @@ notified AS (
   SELECT pg_notify('trnflow_ready', pool)
   FROM (SELECT DISTINCT pool FROM updated WHERE state = 'ready') x)
 SELECT (SELECT count(*) FROM updated), (SELECT count(*) FROM notified), (SELECT count(*) FROM run);
+
+-- name: ProjectBudgets
+-- Each budget with its project's spend in the current period: closed attempts from the
+-- rollup, plus running attempts charged for the simulated time they have run so far.
+SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
+       (b.notified_period IS NOT DISTINCT FROM ps.start) AS same_period,
+       (coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
+                  WHERE project = b.project AND day >= ps.start::date), 0)
+        + coalesce((SELECT sum(extract(epoch FROM (now() - a.started_at)) * r.speed
+                               * a.instance_count * a.price_usd_hour / 3600)
+                    FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+                    WHERE a.outcome IS NULL AND r.project = b.project), 0))::numeric(18,6)::text
+FROM trnflow.budgets b,
+     LATERAL (SELECT CASE WHEN b.period = 'month'
+                          THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                          ELSE '-infinity'::timestamptz END AS start) ps
+WHERE ($1 = '' OR b.project = $1)
+ORDER BY b.project;
+
+-- name: RecordBudgetNotice
+UPDATE trnflow.budgets
+SET notified_percent = $2,
+    notified_period = CASE WHEN period = 'month'
+                           THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                           ELSE '-infinity'::timestamptz END
+WHERE project = $1;
+
+-- name: RunBudgets
+-- Running runs with a budget_usd, what they have spent (running attempts included) and the
+-- highest threshold already announced.
+SELECT r.id, r.project, r.budget_usd::text, coalesce(n.percent, 0),
+       (coalesce((SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = r.id), 0)
+        + coalesce((SELECT sum(extract(epoch FROM (now() - a.started_at)) * r.speed
+                               * a.instance_count * a.price_usd_hour / 3600)
+                    FROM trnflow.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL), 0)
+       )::numeric(18,6)::text
+FROM trnflow.runs r
+LEFT JOIN trnflow.run_budget_notices n ON n.run_id = r.id
+WHERE r.state = 'running' AND r.budget_usd IS NOT NULL;
+
+-- name: RecordRunBudgetNotice
+INSERT INTO trnflow.run_budget_notices (run_id, percent) VALUES ($1, $2)
+ON CONFLICT (run_id) DO UPDATE SET percent = EXCLUDED.percent;
+
+-- name: RunningRunsOfProject
+SELECT id FROM trnflow.runs WHERE project = $1 AND state = 'running' ORDER BY id;
+
+-- name: UpsertBudget
+INSERT INTO trnflow.budgets (project, amount_usd, period) VALUES ($1, $2::numeric, $3)
+ON CONFLICT (project) DO UPDATE
+SET amount_usd = EXCLUDED.amount_usd, period = EXCLUDED.period, notified_percent = 0,
+    notified_period = NULL, updated_at = now();
+
+-- name: AddProject
+SELECT trnflow.add_project($1, $2::text[]);
+
+-- name: ListProjects
+SELECT p.name, trnflow.project_role(p.name),
+       coalesce((SELECT string_agg(m.rolname, ',' ORDER BY m.rolname)
+                 FROM pg_roles g JOIN pg_auth_members am ON am.roleid = g.oid
+                 JOIN pg_roles m ON m.oid = am.member
+                 WHERE g.rolname = trnflow.project_role(p.name)), ''),
+       (SELECT count(*) FROM trnflow.runs r WHERE r.project = p.name)
+FROM trnflow.projects p ORDER BY p.name;

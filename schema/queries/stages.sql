@@ -25,10 +25,10 @@ claimed AS (
 opened AS (
   INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,
                                 instance_type, instance_count, market, price_usd_hour,
-                                progress_from)
+                                on_demand_price_usd_hour, progress_from)
   SELECT c.id, c.run_id, c.attempts, $3::uuid, $4, c.instance_type, c.instance_count, c.market,
          CASE WHEN c.market = 'spot' THEN pr.spot_usd_hour ELSE pr.on_demand_usd_hour END,
-         c.progress
+         pr.on_demand_usd_hour, c.progress
   FROM claimed c
   JOIN LATERAL (SELECT spot_usd_hour, on_demand_usd_hour FROM trnflow.prices
                 WHERE instance_type = c.instance_type AND valid_from <= now()
@@ -44,11 +44,11 @@ JOIN trnflow.runs r ON r.id = c.run_id;
 -- name: HeartbeatLeases
 -- Renews every lease this worker holds in one statement; a lease missing from the result
 -- was taken over and its stage must stop.
--- Also says which of them belong to a cancelled run, so the worker stops them.
+-- Also says which of them belong to a cancelled run (and why), so the worker stops them.
 UPDATE trnflow.stages s SET lease_expires_at = now() + make_interval(secs => $2)
 FROM trnflow.runs r
 WHERE s.state = 'running' AND s.lease_owner = $1::uuid AND r.id = s.run_id
-RETURNING s.id, s.attempts, r.state = 'cancelled';
+RETURNING s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '');
 
 -- name: CompleteAttempts
 -- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
@@ -56,9 +56,10 @@ RETURNING s.id, s.attempts, r.state = 'cancelled';
 WITH input AS (
   SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[],
                        $6::text[], $7::float8[], $8::float8[], $9::bigint[], $10::bigint[],
-                       $11::bigint[], $12::bigint[], $13::float8[], $14::text[])
+                       $11::bigint[], $12::bigint[], $13::float8[], $14::text[], $15::bigint[])
     AS t(stage_id, attempt, owner, outcome, new_state, new_market, retry_in_s, sim_seconds,
-         billed_seconds, cost_micros, wasted_micros, saved_micros, progress_to, message)),
+         billed_seconds, cost_micros, wasted_micros, saved_micros, progress_to, message,
+         baseline_micros)),
 updated AS (
   UPDATE trnflow.stages s
   SET state = i.new_state, market = i.new_market, lease_owner = NULL, lease_expires_at = NULL,
@@ -81,6 +82,7 @@ closed AS (
   SET finished_at = now(), outcome = i.outcome, sim_seconds = i.sim_seconds,
       billed_seconds = i.billed_seconds, cost_usd = i.cost_micros / 1000000.0,
       wasted_usd = i.wasted_micros / 1000000.0, saved_usd = i.saved_micros / 1000000.0,
+      baseline_usd = i.baseline_micros / 1000000.0,
       progress_to = i.progress_to, message = NULLIF(i.message, '')
   FROM input i JOIN updated u ON u.id = i.stage_id
   WHERE a.stage_id = i.stage_id AND a.attempt = i.attempt AND a.outcome IS NULL

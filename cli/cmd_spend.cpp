@@ -1,0 +1,188 @@
+// trnflow spend / budget / project: the money and who may see it.
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace trnflow::cli {
+namespace {
+
+std::vector<std::string> SplitFields(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string f;
+  while (std::getline(in, f, ','))
+    if (!f.empty()) out.push_back(f);
+  return out;
+}
+
+void CheckDate(const std::string& flag, const std::string& d) {
+  static const std::regex date(R"(\d{4}-\d{2}-\d{2})");
+  if (!d.empty() && !std::regex_match(d, date))
+    throw UserError(flag + " " + d + ": expected a date like 2026-11-01");
+}
+
+std::string Csv(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+double Usd(Money m) { return static_cast<double>(m.micros()) / 1e6; }
+
+}  // namespace
+
+int CmdSpend(const SpendArgs& a) {
+  CheckDate("--since", a.since);
+  CheckDate("--until", a.until);
+  schema::SpendQuery q{a.project, a.pipeline, a.since, a.until, SplitFields(a.by)};
+  auto catalog = OpenCatalog();
+  auto rows = catalog->Spend(q);
+  if (a.format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& r : rows) {
+      nlohmann::ordered_json j;
+      for (size_t i = 0; i < q.by.size(); ++i) j[q.by[i]] = r.keys[i];
+      j["attempts"] = r.attempts;
+      j["billed_hours"] = r.billed_hours;
+      j["cost_usd"] = Usd(r.cost);
+      j["wasted_usd"] = Usd(r.wasted);
+      j["saved_usd"] = Usd(r.saved);
+      out.push_back(std::move(j));
+    }
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (a.format == "csv") {
+    for (const auto& f : q.by) std::cout << f << ",";
+    std::cout << "attempts,billed_hours,cost_usd,wasted_usd,saved_usd\n";
+    for (const auto& r : rows) {
+      for (const auto& k : r.keys) std::cout << Csv(k) << ",";
+      std::cout << r.attempts << "," << r.billed_hours << "," << r.cost.ToDecimal() << ","
+                << r.wasted.ToDecimal() << "," << r.saved.ToDecimal() << "\n";
+    }
+    return kExitOk;
+  }
+  std::vector<std::string> header;
+  for (const auto& f : q.by) {
+    std::string h = f;
+    for (char& c : h) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    header.push_back(h);
+  }
+  for (const char* h : {">ATTEMPTS", ">BILLED HOURS", ">COST", ">WASTED", ">SAVED"}) header.push_back(h);
+  std::vector<std::vector<std::string>> table;
+  Money cost, wasted, saved;
+  for (const auto& r : rows) {
+    std::vector<std::string> row = r.keys;
+    row.push_back(std::to_string(r.attempts));
+    row.push_back(Hours(r.billed_hours * 3600));
+    row.push_back(r.cost.ToDollars());
+    row.push_back(r.wasted.ToDollars());
+    row.push_back(r.saved.ToDollars());
+    table.push_back(std::move(row));
+    cost += r.cost, wasted += r.wasted, saved += r.saved;
+  }
+  if (table.empty()) {
+    std::cout << "no spend" << (a.project.empty() ? "" : " for project " + a.project)
+              << " in that period\n";
+    return kExitOk;
+  }
+  if (!q.by.empty()) {
+    std::vector<std::string> total(q.by.size(), "");
+    total[0] = "total";
+    for (const auto& t : {std::string(), std::string(), cost.ToDollars(), wasted.ToDollars(),
+                          saved.ToDollars()})
+      total.push_back(t);
+    table.push_back(total);
+  }
+  std::cout << Table(header, table);
+  return kExitOk;
+}
+
+int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period) {
+  Money amount;
+  if (!Money::Parse(usd, &amount) || amount.micros() <= 0)
+    throw UserError("budget " + usd + ": expected a positive amount in dollars, e.g. 800 or 1250.50");
+  static const std::regex name("[a-z0-9][a-z0-9-]{0,62}");
+  if (!std::regex_match(project, name))
+    throw UserError("invalid project name '" + project + "'");
+  auto catalog = OpenCatalog();
+  catalog->SetBudget(project, amount, period);
+  std::cout << "project " << project << ": budget " << amount.ToDollars() << " per "
+            << (period == "month" ? "calendar month (UTC)" : "all time") << "\n";
+  return kExitOk;
+}
+
+int CmdBudgetList(const std::string& format) {
+  auto catalog = OpenCatalog();
+  auto budgets = catalog->ProjectBudgets();
+  if (format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& b : budgets)
+      out.push_back({{"project", b.project}, {"period", b.period}, {"budget_usd", Usd(b.amount)},
+                     {"spent_usd", Usd(b.spent)}, {"remaining_usd", Usd(b.amount - b.spent)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (budgets.empty()) {
+    std::cout << "no budgets; set one with `trnflow budget set PROJECT USD`\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& b : budgets) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * b.spent.micros() / b.amount.micros());
+    rows.push_back({b.project, b.period, b.amount.ToDollars(), b.spent.ToDollars(),
+                    (b.amount - b.spent).ToDollars(), pct});
+  }
+  std::cout << Table({"PROJECT", "PERIOD", ">BUDGET", ">SPENT", ">REMAINING", ">USED"}, rows);
+  return kExitOk;
+}
+
+int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members) {
+  auto catalog = OpenCatalog();
+  std::string role = catalog->AddProject(name, members);
+  std::cout << "project " << name << ": group role " << role;
+  if (!members.empty()) {
+    std::cout << ", members";
+    for (const auto& m : members) std::cout << " " << m;
+  }
+  std::cout << "\n";
+  return kExitOk;
+}
+
+int CmdProjectList() {
+  auto catalog = OpenCatalog();
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& p : catalog->ListProjects()) {
+    std::string members;
+    for (const auto& m : p.members) members += (members.empty() ? "" : ",") + m;
+    rows.push_back({p.name, p.role, members, std::to_string(p.runs)});
+  }
+  std::cout << Table({"PROJECT", "ROLE", "MEMBERS", ">RUNS"}, rows);
+  return kExitOk;
+}
+
+// Refuses a run whose estimate exceeds what its project's budget (or its own budget_usd) has
+// left, unless forced. Nothing is written when it refuses.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
+                   const std::string& project, bool force) {
+  if (force) return;
+  if (p.budget && estimate > *p.budget)
+    throw UserError("the plan estimates " + estimate.ToDollars() + ", over this run's budget_usd " +
+                    p.budget->ToDollars() + " (see `trnflow plan`); raise budget_usd, or pass --force");
+  for (const auto& b : catalog.ProjectBudgets(project)) {
+    Money left = b.amount - b.spent;
+    if (estimate > left)
+      throw UserError("the plan estimates " + estimate.ToDollars() + " but project " + project +
+                      " has " + left.ToDollars() + " left of its " + b.period + " budget of " +
+                      b.amount.ToDollars() + " (" + b.spent.ToDollars() +
+                      " spent); raise it with `trnflow budget set`, or pass --force");
+  }
+}
+
+}  // namespace trnflow::cli
