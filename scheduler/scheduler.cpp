@@ -38,15 +38,16 @@ void GuardBudgets(schema::Catalog& c) {
   auto log = Logger("scheduler.budget");
   for (const auto& b : c.ProjectBudgets()) {
     int reached = ThresholdReached(b.spent, b.amount);
-    if (reached > b.notified_percent) {
+    for (int t : {50, 80, 100}) {  // each threshold once per period, even if a tick jumps two
+      if (t > reached || t <= b.notified_percent) continue;
       std::string msg = "project " + b.project + " has spent " + b.spent.ToDollars() + " of its " +
-                        b.period + " budget of " + b.amount.ToDollars() + " (" +
-                        std::to_string(reached) + "%)";
+                        b.period + " budget of " + b.amount.ToDollars() + " (past " +
+                        std::to_string(t) + "%)";
       c.InsertEvent(0, 0, "budget", msg,
-                    R"({"project": ")" + b.project + R"(", "percent": )" + std::to_string(reached) + "}");
-      c.RecordBudgetNotice(b.project, reached);
+                    R"({"project": ")" + b.project + R"(", "percent": )" + std::to_string(t) + "}");
       log->warn("{}", msg);
     }
+    if (reached > b.notified_percent) c.RecordBudgetNotice(b.project, reached);
     if (reached >= 100)
       for (int64_t run : c.RunningRunsOfProject(b.project)) {
         c.CancelRun(run, "budget_exceeded");
@@ -56,12 +57,14 @@ void GuardBudgets(schema::Catalog& c) {
   }
   for (const auto& r : c.RunBudgets()) {
     int reached = ThresholdReached(r.spent, r.budget);
-    if (reached > r.notified_percent) {
+    for (int t : {50, 80, 100}) {
+      if (t > reached || t <= r.notified_percent) continue;
       c.InsertEvent(r.run_id, 0, "budget",
                     "run has spent " + r.spent.ToDollars() + " of its budget_usd " +
-                        r.budget.ToDollars() + " (" + std::to_string(reached) + "%)");
-      c.RecordRunBudgetNotice(r.run_id, reached);
+                        r.budget.ToDollars() + " (past " + std::to_string(t) + "%)",
+                    R"({"percent": )" + std::to_string(t) + "}");
     }
+    if (reached > r.notified_percent) c.RecordRunBudgetNotice(r.run_id, reached);
     if (reached >= 100) {
       c.CancelRun(r.run_id, "budget_exceeded");
       log->warn("run={} stopped: over its budget_usd {}", r.run_id, r.budget.ToDollars());

@@ -96,6 +96,50 @@ TEST(Cli, ClimateRunSurvivesASpotInterruptionAtTheDefaultSeed) {
   EXPECT_EQ(attempts.back()["outcome"], "succeeded");
 }
 
+TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
+  ASSERT_EQ(Trnflow("budget set tight 10").exit_code, 0);
+  schema::Catalog c(TestDatabase::url());
+  std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
+  Result r = Trnflow("run examples/climate/pipeline.yaml --project tight");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("project tight has $10.00 left of its month budget of $10.00"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos);
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), before);
+  Result forced = Trnflow("submit examples/climate/pipeline.yaml --project tight --force --format json");
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(forced.out.find("run_id"), std::string::npos);
+  Result ls = Trnflow("budget ls --format json");
+  EXPECT_NE(ls.out.find("\"project\": \"tight\""), std::string::npos) << ls.out;
+  // The forced run never started (no daemons here): cancel it so nothing lingers.
+  EXPECT_EQ(Trnflow("cancel " + nlohmann::json::parse(forced.out)["run_id"].get<std::string>()).exit_code, 0);
+}
+
+TEST(Cli, SpendEqualsTheViewsToTheCent) {
+  Result run = Trnflow("run examples/climate/pipeline.yaml --project spend-check --speed 1000000",
+                       "TRNFLOW_SPOT_RATE_MULTIPLIER=0");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  Result r = Trnflow("spend --project spend-check --by stage --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  schema::Catalog c(TestDatabase::url());
+  auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 10u);
+  for (const auto& row : rows) {
+    std::string view = c.QueryValue(
+        "SELECT round(cost_usd, 2)::text FROM trnflow.spend_by_stage WHERE project = "
+        "'spend-check' AND stage = '" + row["stage"].get<std::string>() + "'");
+    char mine[32];
+    std::snprintf(mine, sizeof mine, "%.2f", row["cost_usd"].get<double>());
+    EXPECT_EQ(view, mine) << row.dump();
+  }
+  Result csv = Trnflow("spend --project spend-check --by month,market --format csv");
+  EXPECT_EQ(csv.out.rfind("month,market,attempts,billed_hours,cost_usd,wasted_usd,saved_usd\n", 0), 0u)
+      << csv.out;
+  EXPECT_EQ(Trnflow("spend --by colour").exit_code, 2);
+  EXPECT_EQ(Trnflow("spend --since yesterday").exit_code, 2);
+}
+
 TEST(Cli, FailingStageFailsTheRunWithExitOne) {
   std::string file = WriteTemp("fail.yaml",
                                "pipeline: failing\nproject: lab\nstages:\n"

@@ -1,0 +1,202 @@
+// Spend, budgets and access against a real PostgreSQL: the ledger, the views and the report
+// agree to the micro-dollar; a project member's own login sees only that project and cannot
+// write; the reader sees all spend and nothing else; a budget crossed mid-run stops it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "pipelines/pipeline.h"
+#include "scheduler/scheduler.h"
+#include "schema/catalog.h"
+#include "tests/test_db.h"
+#include "workers/worker.h"
+
+namespace trnflow {
+namespace {
+
+using testing::TestDatabase;
+using testing::WaitFor;
+
+pipelines::Pipeline MustParse(const std::string& text, const std::string& project = "") {
+  auto r = pipelines::ParsePipeline(text, "spend.yaml", {{}, project});
+  EXPECT_TRUE(r.pipeline) << r.diagnostics.Format();
+  return *r.pipeline;
+}
+
+const char* kSmall =
+    "pipeline: small\nproject: lab\nstages:\n"
+    "  prep:\n    run: [\"true\"]\n"
+    "  train: {kind: train, needs: [prep], instance: trn1.2xlarge, model: gpt2, tokens: 1e9, "
+    "market: spot, checkpoint: {every: 30m}}\n"
+    "  compile: {kind: compile, needs: [train], target: inf2, instance: trn1.2xlarge, "
+    "seq_len: 512, matrix: {batch: [1, 8]}, batch: \"${{ matrix.batch }}\"}\n";
+
+schema::SubmitOptions Fast(double speed = 1e6) {
+  schema::SubmitOptions o;
+  o.speed = speed;
+  o.seed = 1;
+  o.workdir = TRNFLOW_SOURCE_DIR;
+  return o;
+}
+
+workers::WorkerOptions WorkerOpts() {
+  workers::WorkerOptions o;
+  o.database_url = TestDatabase::url();
+  o.home = std::filesystem::temp_directory_path() / "trnflow-spend-test";
+  o.pools = {{"trn1", 4}, {"cpu", 2}};
+  o.poll_s = 0.2;
+  o.heartbeat_s = 0.3;
+  o.lease_s = 5;
+  return o;
+}
+
+scheduler::SchedulerOptions SchedOpts() {
+  scheduler::SchedulerOptions o;
+  o.database_url = TestDatabase::url();
+  o.tick_s = 0.05;
+  o.budget_every_s = 0.1;
+  return o;
+}
+
+int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed = 1e6) {
+  int64_t run = c.SubmitRun(p, Fast(speed));
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts());
+  sched.Start();
+  worker.Start();
+  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 60));
+  return run;
+}
+
+// A URL for the test database as another role.
+std::string UrlAs(const std::string& role, const std::string& password) {
+  std::string url = TestDatabase::url();  // postgresql://trnflow:trnflow@host:port/db
+  return "postgresql://" + role + ":" + password + "@" + url.substr(url.find('@') + 1);
+}
+
+void EnsureLogin(schema::Catalog& c, const std::string& role) {
+  c.QueryValue("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role +
+               "') THEN CREATE ROLE " + role + " LOGIN PASSWORD 'pw'; END IF; END $$; SELECT 1");
+}
+
+}  // namespace
+
+TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
+  schema::Catalog c(TestDatabase::url());
+  int64_t run = RunToEnd(c, MustParse(kSmall, "agree"));
+  ASSERT_EQ(c.GetRun(run)->state, "succeeded");
+  std::string r = std::to_string(run);
+  std::string ledger = c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
+  EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_run WHERE run_id = " + r), ledger);
+  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_daily WHERE project = 'agree'"), ledger);
+  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_by_stage WHERE project = 'agree'"), ledger);
+  Money ledger_money;
+  ASSERT_TRUE(Money::Parse(ledger, &ledger_money));
+  // The report, by stage, from the rollup, and by run, from the ledger itself.
+  Money by_stage, by_run;
+  for (const auto& row : c.Spend({"agree", "", "", "", {"stage"}})) {
+    by_stage += row.cost;
+    EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_stage WHERE project = 'agree' "
+                           "AND stage = '" + row.keys[0] + "'"),
+              row.cost.ToDecimal())
+        << row.keys[0];
+  }
+  for (const auto& row : c.Spend({"agree", "", "", "", {"run", "market"}})) by_run += row.cost;
+  EXPECT_EQ(by_stage, ledger_money);
+  EXPECT_EQ(by_run, ledger_money);
+  auto total = c.Spend({"agree", "", "", "", {}});
+  ASSERT_EQ(total.size(), 1u);
+  EXPECT_EQ(total[0].cost, ledger_money);
+  // Spot savings and the GPU baseline are there for every closed attempt.
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE baseline_usd IS NULL "
+                         "OR on_demand_price_usd_hour IS NULL"),
+            "0");
+  EXPECT_GT(std::stod(c.QueryValue("SELECT savings_usd FROM trnflow.spot_savings WHERE project = "
+                                   "'agree' AND stage = 'train'")),
+            0);
+  EXPECT_THROW(c.Spend({"agree", "", "", "", {"colour"}}), UserError);
+}
+
+TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
+  schema::Catalog c(TestDatabase::url());
+  RunToEnd(c, MustParse(kSmall, "rls-alpha"));
+  RunToEnd(c, MustParse(kSmall, "rls-beta"));
+  EnsureLogin(c, "trnflow_test_alice");
+  EnsureLogin(c, "trnflow_test_rita");
+  EXPECT_EQ(c.AddProject("rls-alpha", {"trnflow_test_alice"}), "trnflow_project_rls_alpha");
+  c.AddProject("rls-beta", {});
+  c.QueryValue("GRANT trnflow_reader TO trnflow_test_rita; SELECT 1");
+  EXPECT_THROW(c.AddProject("rls-gamma", {"trnflow_test_nobody"}), UserError);
+  EXPECT_THROW(c.AddProject("Bad_Name", {}), UserError);
+
+  schema::Catalog alice(UrlAs("trnflow_test_alice", "pw"));
+  const std::vector<std::string> by_project = {
+      "runs", "spend_rollup", "budgets", "attempt_ledger", "stage_status", "run_status",
+      "spend_daily", "spend_by_stage", "spend_by_run", "spend_by_instance", "spot_savings",
+      "interruption_waste", "cache_savings", "gpu_baseline"};
+  for (const auto& t : by_project) {
+    EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"), "0") << t;
+  }
+  EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
+  // Rows that hang off runs: only alpha's.
+  for (const auto& t : {"stages", "attempts", "events"})
+    EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
+                               " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
+              "0") << t;
+  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.pipelines"), "1");
+  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.projects"), "1");
+  EXPECT_ANY_THROW(alice.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
+  EXPECT_ANY_THROW(alice.QueryValue("UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
+  EXPECT_ANY_THROW(alice.QueryValue("DELETE FROM trnflow.attempts RETURNING 1"));
+
+  schema::Catalog rita(UrlAs("trnflow_test_rita", "pw"));
+  EXPECT_EQ(rita.QueryValue("SELECT count(DISTINCT project) FROM trnflow.spend_by_stage "
+                            "WHERE project IN ('rls-alpha', 'rls-beta')"),
+            "2");
+  EXPECT_EQ(rita.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger"),
+            c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger"));
+  EXPECT_ANY_THROW(rita.QueryValue("SELECT spec FROM trnflow.stages LIMIT 1"));
+  EXPECT_ANY_THROW(rita.QueryValue("SELECT source FROM trnflow.pipelines LIMIT 1"));
+  EXPECT_ANY_THROW(rita.QueryValue("SELECT count(*) FROM trnflow.events"));
+}
+
+TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
+  schema::Catalog c(TestDatabase::url());
+  c.SetBudget("thrifty", Money::FromUsd(5), "month");
+  // A week of trn1.32xlarge spot at ~$6.45/h: the $5 budget is gone within the first hour.
+  auto p = MustParse(
+      "pipeline: pricey\nproject: thrifty\nstages:\n"
+      "  train: {kind: train, instance: trn1.32xlarge, model: llama-2-7b, tokens: 2e10, "
+      "market: spot, checkpoint: {every: 1h}}\n"
+      "  after:\n    run: [\"true\"]\n    needs: [train]\n");
+  int64_t run = c.SubmitRun(p, Fast(3600));  // the test bypasses admission, as --force does
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts());
+  sched.Start();
+  worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 30));
+  ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 10));
+  auto r = c.GetRun(run);
+  EXPECT_EQ(r->state, "cancelled");
+  EXPECT_EQ(r->cancel_reason, "budget_exceeded");
+  auto attempts = c.GetAttempts(run);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].outcome, "budget_exceeded");
+  for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
+  EXPECT_EQ(c.QueryValue("SELECT string_agg(data->>'percent', ',' ORDER BY id) FROM trnflow.events "
+                         "WHERE kind = 'budget' AND data->>'project' = 'thrifty'"),
+            "50,80,100")
+      << "each threshold is announced once";
+  auto budgets = c.ProjectBudgets("thrifty");
+  ASSERT_EQ(budgets.size(), 1u);
+  EXPECT_GE(budgets[0].spent, Money::FromUsd(5));
+}
+
+}  // namespace trnflow
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new trnflow::testing::TestDatabase("trnflow_spend_test"));
+  return RUN_ALL_TESTS();
+}
