@@ -14,26 +14,15 @@
 #include <vector>
 
 #include "common/money.h"
+#include "bench/bench_util.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 
 using namespace trnflow;
-using Clock = std::chrono::steady_clock;
+using namespace trnflow::bench;
 
 namespace {
 
-std::string AdminUrl() {
-  const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
-  return url && *url ? url : "postgresql://trnflow:trnflow@localhost:5432/postgres";
-}
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
 
 // A run with `n` stages in `state`, inserted in one statement (as the catalog holds them).
 void InsertStages(schema::Catalog& c, int64_t n, const std::string& state, bool with_attempts) {

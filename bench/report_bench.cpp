@@ -12,23 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 
 using namespace trnflow;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-std::string AdminUrl() {
-  const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
-  return url && *url ? url : "postgresql://trnflow:trnflow@localhost:5432/postgres";
-}
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-}  // namespace
+using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
   int64_t attempts = argc > 1 ? std::atoll(argv[1]) : 1'000'000;

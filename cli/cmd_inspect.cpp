@@ -221,7 +221,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage) {
   return kExitOk;
 }
 
-int CmdInstances(const std::string& format) {
+int CmdInstances(const std::string& format, bool sources) {
   const sim::Catalog& hw = sim::Catalog::Builtin();
   if (format == "json") {
     nlohmann::json out = nlohmann::json::array();
@@ -262,8 +262,16 @@ int CmdInstances(const std::string& format) {
   std::cout << Table({"INSTANCE", "POOL", ">CHIPS", ">CORES", ">HBM GiB", ">BF16 TFLOPS",
                       ">VCPUS", ">ON-DEMAND/H", ">SPOT/H", "INTERRUPTS"},
                      rows)
-            << "\nprices as of " << hw.prices_as_of()
-            << " (us-east-1, Linux); sources per figure: trnflow instances --format json\n";
+            << "\nprices as of " << hw.prices_as_of() << " (us-east-1, Linux)";
+  if (!sources) {
+    std::cout << "; where each figure comes from: trnflow instances --sources\n";
+    return kExitOk;
+  }
+  std::cout << "\n\nsources:\n";
+  for (const auto& t : hw.instances()) {
+    std::cout << "  " << t.name << "\n";
+    for (const auto& [what, source] : t.sources) std::cout << "    " << what << ": " << source << "\n";
+  }
   return kExitOk;
 }
 

@@ -167,25 +167,37 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
                      rows);
   if (run)
     std::cout << "\nrun " << run->id << " " << run->state << " (pipeline " << run->pipeline
-              << ", project " << run->project << ") in " << Hours(0).substr(0, 0)
+              << ", project " << run->project << ") in "
               << static_cast<int>(run->wall_seconds + 0.5) << "s wall; see `trnflow show "
               << run->id << "`\n";
 }
 
-int CmdRun(const RunArgs& a) {
-  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
-  auto pipeline = LoadOrReport(a.file, lo);
-  if (!pipeline) return kExitBadInput;
-  ApplySpotRateMultiplier(*pipeline);
+// The file, validated (diagnostics printed), with the environment's spot rate applied;
+// nullopt when it has errors.
+std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
+  auto pipeline = LoadOrReport(a.file, {ParseParams(a.params), a.project});
+  if (pipeline) ApplySpotRateMultiplier(*pipeline);
+  return pipeline;
+}
+
+// Budget admission, then the run in one transaction. Throws UserError (nothing written) when
+// the budget refuses it.
+int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
+  AdmitOrRefuse(catalog, p, pipelines::MakePlan(p).total_cost,
+                a.project.empty() ? p.project : a.project, a.force);
+  return catalog.SubmitRun(p, opts);
+}
+
+int CmdRun(const RunArgs& a) {
+  auto pipeline = LoadForSubmit(a);
+  if (!pipeline) return kExitBadInput;
   auto pools = PoolsFor(*pipeline, a.pools);
   auto catalog = OpenCatalog();
-  AdmitOrRefuse(*catalog, *pipeline, pipelines::MakePlan(*pipeline).total_cost,
-                a.project.empty() ? pipeline->project : a.project, a.force);
-  int64_t run_id = catalog->SubmitRun(*pipeline, opts);
+  int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
   std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
             << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
-            << ", speed " << opts.speed << "x, seed " << opts.seed << ")\n"
+            << ", speed " << a.speed << "x, seed " << a.seed << ")\n"
             << std::flush;
 
   InstallSignalHandlers();
@@ -221,15 +233,10 @@ int CmdRun(const RunArgs& a) {
 }
 
 int CmdSubmit(const RunArgs& a) {
-  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
-  auto pipeline = LoadOrReport(a.file, lo);
+  auto pipeline = LoadForSubmit(a);
   if (!pipeline) return kExitBadInput;
-  ApplySpotRateMultiplier(*pipeline);
-  auto opts = SubmitOptionsFor(a);
   auto catalog = OpenCatalog();
-  AdmitOrRefuse(*catalog, *pipeline, pipelines::MakePlan(*pipeline).total_cost,
-                a.project.empty() ? pipeline->project : a.project, a.force);
-  int64_t run_id = catalog->SubmitRun(*pipeline, opts);
+  int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
   if (a.format == "json")
     std::cout << nlohmann::json{{"run_id", std::to_string(run_id)}}.dump() << "\n";
   else

@@ -20,7 +20,7 @@ int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
 int CmdLogs(const std::string& run, const std::string& stage);
-int CmdInstances(const std::string& format);
+int CmdInstances(const std::string& format, bool sources);
 int CmdDbMigrate();
 int CmdWorker(const std::vector<std::string>& pools, double lease_s);
 int CmdScheduler();

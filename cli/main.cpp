@@ -93,9 +93,11 @@ int main(int argc, char** argv) {
   logs->add_option("STAGE", logs_stage, "only this stage");
 
   std::string instances_format = "table";
+  bool instances_sources = false;
   auto* instances = app.add_subcommand("instances", "the hardware catalog with prices");
   instances->add_option("--format", instances_format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
+  instances->add_flag("--sources", instances_sources, "list the source of every figure");
 
   SpendArgs spend_args;
   auto* spend = app.add_subcommand("spend", "spend report from the ledger");
@@ -163,7 +165,7 @@ int main(int argc, char** argv) {
     if (resume->parsed()) return CmdResume(resume_run);
     if (retry->parsed()) return CmdRetry(retry_run, retry_stage);
     if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
-    if (instances->parsed()) return CmdInstances(instances_format);
+    if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);

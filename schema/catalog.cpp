@@ -547,7 +547,7 @@ RunRow ReadRun(const pqxx::row& row) {
 std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
   return impl_->Guard([&]() -> std::optional<RunRow> {
     pqxx::work tx(impl_->C());
-    pqxx::result r = impl_->Exec(tx, "GetRun", run_id);
+    pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id);
     if (r.empty()) return std::nullopt;
     return ReadRun(r[0]);
   });
@@ -558,7 +558,7 @@ std::vector<RunRow> Catalog::ListRuns(const std::string& project, const std::str
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<RunRow> out;
-    for (const auto& row : impl_->Exec(tx, "ListRuns", project, state, limit))
+    for (const auto& row : impl_->Exec(tx, "ListRuns", project, state, limit, int64_t{0}))
       out.push_back(ReadRun(row));
     return out;
   });

@@ -14,6 +14,7 @@
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "tests/test_db.h"
+#include "tests/test_engine.h"
 #include "workers/worker.h"
 
 namespace trnflow {
@@ -22,51 +23,17 @@ namespace {
 using testing::TestDatabase;
 using testing::WaitFor;
 
-pipelines::Pipeline MustParse(const std::string& text) {
-  auto r = pipelines::ParsePipeline(text, "test.yaml", {});
-  EXPECT_TRUE(r.pipeline) << r.diagnostics.Format();
-  return *r.pipeline;
-}
+using testing::MustParse;
 
-std::string Home() {
-  static std::string home = [] {
-    auto p = std::filesystem::temp_directory_path() / ("trnflow-test-" + std::to_string(getpid()));
-    std::filesystem::create_directories(p);
-    return p.string();
-  }();
-  return home;
-}
+std::string Home() { return testing::TestHome(); }
 
 workers::WorkerOptions WorkerOpts(std::vector<workers::PoolConfig> pools) {
-  workers::WorkerOptions o;
-  o.database_url = TestDatabase::url();
-  o.home = Home();
-  o.pools = std::move(pools);
-  o.poll_s = 0.2;
-  o.lease_s = 5;
-  o.heartbeat_s = 0.5;
-  o.shutdown_grace_s = 5;
-  return o;
+  return testing::TestWorkerOptions(std::move(pools));
 }
 
-scheduler::SchedulerOptions SchedOpts() {
-  scheduler::SchedulerOptions o;
-  o.database_url = TestDatabase::url();
-  o.tick_s = 0.05;
-  o.promote_every_s = 0.1;
-  o.rescue_every_s = 0.2;
-  o.finish_every_s = 0.5;
-  o.seed = 1;
-  return o;
-}
+scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions(); }
 
-schema::SubmitOptions Fast() {
-  schema::SubmitOptions o;
-  o.speed = 1e7;
-  o.seed = 1;
-  o.workdir = TRNFLOW_SOURCE_DIR;
-  return o;
-}
+schema::SubmitOptions Fast() { return testing::FastSubmit(); }
 
 std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
 

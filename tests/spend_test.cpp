@@ -10,6 +10,7 @@
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
 #include "tests/test_db.h"
+#include "tests/test_engine.h"
 #include "workers/worker.h"
 
 namespace trnflow {
@@ -18,11 +19,7 @@ namespace {
 using testing::TestDatabase;
 using testing::WaitFor;
 
-pipelines::Pipeline MustParse(const std::string& text, const std::string& project = "") {
-  auto r = pipelines::ParsePipeline(text, "spend.yaml", {{}, project});
-  EXPECT_TRUE(r.pipeline) << r.diagnostics.Format();
-  return *r.pipeline;
-}
+using testing::MustParse;
 
 const char* kSmall =
     "pipeline: small\nproject: lab\nstages:\n"
@@ -32,32 +29,11 @@ const char* kSmall =
     "  compile: {kind: compile, needs: [train], target: inf2, instance: trn1.2xlarge, "
     "seq_len: 512, matrix: {batch: [1, 8]}, batch: \"${{ matrix.batch }}\"}\n";
 
-schema::SubmitOptions Fast(double speed = 1e6) {
-  schema::SubmitOptions o;
-  o.speed = speed;
-  o.seed = 1;
-  o.workdir = TRNFLOW_SOURCE_DIR;
-  return o;
-}
+schema::SubmitOptions Fast(double speed = 1e6) { return testing::FastSubmit(speed); }
 
-workers::WorkerOptions WorkerOpts() {
-  workers::WorkerOptions o;
-  o.database_url = TestDatabase::url();
-  o.home = std::filesystem::temp_directory_path() / "trnflow-spend-test";
-  o.pools = {{"trn1", 4}, {"cpu", 2}};
-  o.poll_s = 0.2;
-  o.heartbeat_s = 0.3;
-  o.lease_s = 5;
-  return o;
-}
+workers::WorkerOptions WorkerOpts() { return testing::TestWorkerOptions({{"trn1", 4}, {"cpu", 2}}); }
 
-scheduler::SchedulerOptions SchedOpts() {
-  scheduler::SchedulerOptions o;
-  o.database_url = TestDatabase::url();
-  o.tick_s = 0.05;
-  o.budget_every_s = 0.1;
-  return o;
-}
+scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions(); }
 
 int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed = 1e6) {
   int64_t run = c.SubmitRun(p, Fast(speed));

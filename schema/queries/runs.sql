@@ -38,18 +38,8 @@ SELECT * FROM unnest($1::bigint[], $2::bigint[]);
 SELECT pg_notify('trnflow_ready', pool)
 FROM (SELECT DISTINCT pool FROM trnflow.stages WHERE run_id = $1 AND state = 'ready') p;
 
--- name: GetRun
-SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
-       to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-       coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
-       coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
-       coalesce(r.budget_usd::text, ''),
-       extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
-       coalesce(r.cancel_reason, '')
-FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
-WHERE r.id = $1;
-
 -- name: ListRuns
+-- Runs newest first: $1 project, $2 state ('' = any), $3 at most, $4 one run (0 = any).
 SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
@@ -59,6 +49,7 @@ SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        coalesce(r.cancel_reason, '')
 FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR r.state = $2)
+  AND ($4::bigint = 0 OR r.id = $4::bigint)
 ORDER BY r.id DESC
 LIMIT $3;
 
