@@ -155,9 +155,10 @@ std::string BigDag() {
   return y;
 }
 
-std::unique_ptr<Daemon> Worker(int i, const std::string& lease = "2") {
+std::unique_ptr<Daemon> Worker(int i, const std::string& lease = "2",
+                               const std::string& pool = "trn1=16") {
   return std::make_unique<Daemon>("worker" + std::to_string(i),
-                                  std::vector<std::string>{"worker", "--pool", "trn1=16", "--lease", lease});
+                                  std::vector<std::string>{"worker", "--pool", pool, "--lease", lease});
 }
 
 std::unique_ptr<Daemon> Scheduler(int i) {
@@ -278,6 +279,30 @@ TEST(Chaos, RunSurvivesAPostgresRestart) {
   ASSERT_EQ(std::system("pg_ctlcluster 15 main restart -m fast >/dev/null 2>&1"), 0);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 120)) << "logs in " << LogDir();
   ExpectConsistent(run, 400);
+}
+
+// A job's background children neither hold its stage open nor outlive it; and a job dies
+// with its worker, so a retry elsewhere never runs beside it.
+TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
+  setenv("TRNFLOW_HOME", Home().c_str(), 1);
+  auto scheduler = Scheduler(30);
+  scheduler->Start();
+  auto worker = Worker(30, "30", "cpu=2");
+  worker->Start();
+  int64_t quick = Submit(
+      "pipeline: leftovers\nproject: chaos\nstages:\n"
+      "  s:\n    run: \"sleep 301.25 & echo started\"\n    shell: true\n", 1);
+  ASSERT_TRUE(WaitFor([&] { return RunState(quick) != "running"; }, 20));
+  EXPECT_EQ(RunState(quick), "succeeded");
+  EXPECT_NE(std::system("pgrep -f 'sleep 30[1].25' >/dev/null"), 0) << "the background child outlived its stage";
+
+  int64_t slow = Submit(
+      "pipeline: orphan\nproject: chaos\nstages:\n  s:\n    run: [\"sleep\", \"302.5\"]\n", 1);
+  ASSERT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 30[2].5' >/dev/null") == 0; }, 20));
+  worker->Kill(SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 30[2].5' >/dev/null") != 0; }, 5))
+      << "the job outlived its worker";
+  Query("UPDATE trnflow.runs SET state = 'cancelled' WHERE id = " + std::to_string(slow) + " RETURNING 1");
 }
 
 }  // namespace trnflow

@@ -11,9 +11,12 @@
 // A run has one clock: a command's wall time counts `speed` times over in simulated time
 // (billing, timeout, the spot market). At speed 1 — real jobs — the two are the same.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/process.hpp>
+#include <boost/process/extend.hpp>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -36,6 +39,24 @@ namespace {
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
 constexpr double kGraceSeconds = 10;
 
+
+// In the child, before exec: lead a process group of its own, so signals reach everything
+// the job starts (torchrun's workers, a shell's pipeline) and nothing it leaves behind keeps
+// the output pipe open; and die with the worker, so a job never runs on after its worker is
+// gone while the stage is retried elsewhere.
+struct JobProcessGroup : boost::process::extend::handler {
+  template <typename Executor>
+  void on_exec_setup(Executor&) const {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() == 1) ::_exit(137);  // the worker died before prctl took effect
+  }
+};
+
+// Signals the job's whole process group.
+void SignalJob(pid_t pid, int sig) {
+  if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+}
 
 std::string Substitute(std::string s, const ExecContext& ctx) {
   for (auto [expr, value] :
@@ -142,7 +163,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   std::error_code launch_ec;
   bp::child child(bp::exe = exe.string(), bp::args = args, bp::env = env,
                   bp::start_dir = ctx.workdir, bp::std_in < bp::null,
-                  (bp::std_out & bp::std_err) > out, launch_ec);
+                  (bp::std_out & bp::std_err) > out, JobProcessGroup{}, launch_ec);
   if (launch_ec) {
     r.outcome = Outcome::kInfraError;
     r.message = "could not start " + argv[0] + ": " + launch_ec.message();
@@ -160,17 +181,20 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s);
     noticed = noticed || sim_now >= notice_at;
     if ((stop || timed_out || noticed) && term_sent_at < 0) {
-      ::kill(child.id(), SIGTERM);
+      SignalJob(child.id(), SIGTERM);
       term_sent_at = now;
     } else if (sim_now >= interrupt_at ||
                (term_sent_at >= 0 && now - term_sent_at > kGraceSeconds)) {
       reclaimed = sim_now >= interrupt_at;
-      child.terminate(ec);  // SIGKILL
+      SignalJob(child.id(), SIGKILL);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   child.wait(ec);
+  // Whatever the job left running goes with it; then the output pipe closes for the reader.
+  // (The group only: the job's own pid is reaped and may belong to someone else by now.)
+  ::kill(-child.id(), SIGKILL);
   reader.join();
   r.sim_seconds = wall() * ctx.speed;
   int status = child.native_exit_code();
