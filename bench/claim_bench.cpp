@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/money.h"
 #include "bench/bench_util.h"
+#include "common/money.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 
@@ -23,15 +23,14 @@ using namespace trnflow::bench;
 
 namespace {
 
-
 // A run with `n` stages in `state`, inserted in one statement (as the catalog holds them).
 void InsertStages(schema::Catalog& c, int64_t n, const std::string& state, bool with_attempts) {
   std::string run = c.QueryValue(
       "WITH p AS (INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ('bench', "
       "md5(random()::text), '') RETURNING id) "
       "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
-      "SELECT id, 'bench', 1e9, 1, '/', '" + std::string(state == "ready" ? "running" : "succeeded") +
-      "' FROM p RETURNING id");
+      "SELECT id, 'bench', 1e9, 1, '/', '" +
+      std::string(state == "ready" ? "running" : "succeeded") + "' FROM p RETURNING id");
   std::string spec =
       R"({"name":"s","kind":"run","instance":"c6i.large","count":1,"market":"on-demand",)"
       R"("command":{"argv":["true"],"shell":false,"env":{}},"workload":null,)"
@@ -41,8 +40,9 @@ void InsertStages(schema::Catalog& c, int64_t n, const std::string& state, bool 
   c.QueryValue(
       "INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, "
       "market, state, spec, ready_at, attempts, finished_at) "
-      "SELECT " + run + ", 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state +
-      "', '" + spec + "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " +
+      "SELECT " +
+      run + ", 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
+      "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " +
       (state == "ready" ? "NULL" : "now()") + " FROM generate_series(1, " + std::to_string(n) +
       ") g RETURNING 1");
   if (with_attempts)
@@ -123,9 +123,12 @@ int main(int argc, char** argv) {
     std::printf("\n%-28s %14s %14s\n", "", "empty history", "with history");
     std::printf("%-28s %14.2f %14.2f\n", "claim p50 (ms)", empty.claim_p50, full.claim_p50);
     std::printf("%-28s %14.2f %14.2f\n", "claim p99 (ms)", empty.claim_p99, full.claim_p99);
-    std::printf("%-28s %14.2f %14.2f\n", "complete p50 (ms)", empty.complete_p50, full.complete_p50);
-    std::printf("%-28s %14.2f %14.2f\n", "complete p99 (ms)", empty.complete_p99, full.complete_p99);
-    std::printf("%-28s %14.0f %14.0f\n", "stages/s (one worker)", empty.stages_per_s, full.stages_per_s);
+    std::printf("%-28s %14.2f %14.2f\n", "complete p50 (ms)", empty.complete_p50,
+                full.complete_p50);
+    std::printf("%-28s %14.2f %14.2f\n", "complete p99 (ms)", empty.complete_p99,
+                full.complete_p99);
+    std::printf("%-28s %14.0f %14.0f\n", "stages/s (one worker)", empty.stages_per_s,
+                full.stages_per_s);
     InsertStages(c, 1000, "ready", false);
     c.QueryValue("ANALYZE trnflow.stages");
     // EXPLAIN returns rows; a session-local function folds them into one value.
@@ -140,7 +143,8 @@ int main(int argc, char** argv) {
         RETURN plan;
       END $$)");
     std::printf("\nthe claim's scan, with %lld finished stages in the table:\n%s",
-                static_cast<long long>(history), c.QueryValue("SELECT pg_temp.explain_claim()").c_str());
+                static_cast<long long>(history),
+                c.QueryValue("SELECT pg_temp.explain_claim()").c_str());
   }
   if (std::getenv("TRNFLOW_BENCH_KEEP_DB"))
     std::printf("kept database %s\n", name.c_str());

@@ -76,7 +76,8 @@ std::string Table(const std::vector<std::string>& header,
     width[i] = head[i].size();
   }
   for (const auto& r : rows)
-    for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i)
+      width[i] = std::max(width[i], r[i].size());
   auto line = [&](const std::vector<std::string>& cells) {
     std::string out;
     for (size_t i = 0; i < width.size(); ++i) {

@@ -22,7 +22,7 @@ struct RunArgs {
   std::vector<std::string> params;  // key=value
   double speed = kDefaultSpeed;
   int64_t seed = kDefaultSeed;
-  std::vector<std::string> pools;   // NAME=N overrides
+  std::vector<std::string> pools;  // NAME=N overrides
   std::string format = "table";
   bool force = false;
 };

@@ -99,36 +99,37 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
       nlohmann::json ja = nlohmann::json::array();
       for (const auto& a : attempts) {
         if (a.stage_id != s.id) continue;
-        ja.push_back({{"attempt", a.attempt},
-                      {"outcome", a.outcome.empty() ? nlohmann::json(nullptr)
-                                                    : nlohmann::json(a.outcome)},
-                      {"worker", a.worker},
-                      {"instance_type", a.instance_type},
-                      {"instance_count", a.instance_count},
-                      {"market", a.market},
-                      {"price_usd_hour", Usd(a.price_per_hour)},
-                      {"started_at", a.started_at},
-                      {"finished_at", a.finished_at},
-                      {"sim_hours", a.sim_seconds / 3600},
-                      {"billed_seconds", a.billed_seconds},
-                      {"cost_usd", Usd(a.cost)},
-                      {"wasted_usd", Usd(a.wasted)},
-                      {"saved_usd", Usd(a.saved)},
-                      {"progress_from", a.progress_from},
-                      {"progress_to", a.progress_to},
-                      {"message", a.message}});
+        ja.push_back(
+            {{"attempt", a.attempt},
+             {"outcome", a.outcome.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.outcome)},
+             {"worker", a.worker},
+             {"instance_type", a.instance_type},
+             {"instance_count", a.instance_count},
+             {"market", a.market},
+             {"price_usd_hour", Usd(a.price_per_hour)},
+             {"started_at", a.started_at},
+             {"finished_at", a.finished_at},
+             {"sim_hours", a.sim_seconds / 3600},
+             {"billed_seconds", a.billed_seconds},
+             {"cost_usd", Usd(a.cost)},
+             {"wasted_usd", Usd(a.wasted)},
+             {"saved_usd", Usd(a.saved)},
+             {"progress_from", a.progress_from},
+             {"progress_to", a.progress_to},
+             {"message", a.message}});
       }
-      js.push_back({{"name", s.name},
-                    {"kind", s.kind},
-                    {"state", s.state},
-                    {"instance_type", s.instance_type},
-                    {"instance_count", s.instance_count},
-                    {"market", s.market},
-                    {"needs", s.needs},
-                    {"cost_usd", Usd(s.cost)},
-                    {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
-                                                    : nlohmann::json(nullptr)},
-                    {"attempts", ja}});
+      js.push_back(
+          {{"name", s.name},
+           {"kind", s.kind},
+           {"state", s.state},
+           {"instance_type", s.instance_type},
+           {"instance_count", s.instance_count},
+           {"market", s.market},
+           {"needs", s.needs},
+           {"cost_usd", Usd(s.cost)},
+           {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
+                                           : nlohmann::json(nullptr)},
+           {"attempts", ja}});
     }
     nlohmann::json out = {
         {"run",
@@ -142,8 +143,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
           {"speed", run->speed},
           {"seed", run->seed},
           {"created_at", run->created_at},
-          {"finished_at", run->finished_at.empty() ? nlohmann::json(nullptr)
-                                                   : nlohmann::json(run->finished_at)},
+          {"finished_at",
+           run->finished_at.empty() ? nlohmann::json(nullptr) : nlohmann::json(run->finished_at)},
           {"cost_usd", Usd(run->cost)}}},
         {"stages", js}};
     std::cout << out.dump(2) << "\n";
@@ -151,8 +152,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   }
   std::string state = run->state;
   if (run->cancel_reason == "budget_exceeded") state += " (budget exceeded)";
-  std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project
-            << "  " << state << "  created " << run->created_at
+  std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project << "  "
+            << state << "  created " << run->created_at
             << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
             << run->cost.ToDollars()
             << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n\n";
@@ -187,8 +188,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
       if (a.stage_id != s.id) continue;
       rows.push_back({std::to_string(a.attempt), a.outcome.empty() ? "running" : a.outcome,
                       a.worker, InstanceCell(a.instance_type, a.instance_count), a.market,
-                      a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(),
-                      a.wasted.ToDollars(), a.message});
+                      a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(), a.wasted.ToDollars(),
+                      a.message});
     }
   }
   std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
@@ -200,7 +201,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
 int CmdLogs(const std::string& run_text, const std::string& stage) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
-  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  if (!catalog->GetRun(run_id))
+    throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   namespace fs = std::filesystem;
   fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
   int shown = 0;
@@ -259,8 +261,8 @@ int CmdInstances(const std::string& format, bool sources) {
                     num(t.hbm_gib()), num(t.chips * t.bf16_tflops_per_chip),
                     std::to_string(t.vcpus), t.on_demand_per_hour.ToDollars(),
                     t.spot_per_hour.ToDollars(), t.spot_interruption_bucket});
-  std::cout << Table({"INSTANCE", "POOL", ">CHIPS", ">CORES", ">HBM GiB", ">BF16 TFLOPS",
-                      ">VCPUS", ">ON-DEMAND/H", ">SPOT/H", "INTERRUPTS"},
+  std::cout << Table({"INSTANCE", "POOL", ">CHIPS", ">CORES", ">HBM GiB", ">BF16 TFLOPS", ">VCPUS",
+                      ">ON-DEMAND/H", ">SPOT/H", "INTERRUPTS"},
                      rows)
             << "\nprices as of " << hw.prices_as_of() << " (us-east-1, Linux)";
   if (!sources) {
@@ -270,7 +272,8 @@ int CmdInstances(const std::string& format, bool sources) {
   std::cout << "\n\nsources:\n";
   for (const auto& t : hw.instances()) {
     std::cout << "  " << t.name << "\n";
-    for (const auto& [what, source] : t.sources) std::cout << "    " << what << ": " << source << "\n";
+    for (const auto& [what, source] : t.sources)
+      std::cout << "    " << what << ": " << source << "\n";
   }
   return kExitOk;
 }

@@ -24,7 +24,8 @@ namespace {
 using Steady = std::chrono::steady_clock;
 
 std::string StageLine(const schema::StageRow& s, size_t name_width) {
-  std::string inst = s.instance_type + (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "");
+  std::string inst =
+      s.instance_type + (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "");
   double cost = s.cost.usd() + s.running_cost_usd;
   std::string attempt = s.attempts ? "attempt " + std::to_string(s.attempts) : "";
   char buf[512];
@@ -103,7 +104,7 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
 }
 
 std::vector<workers::PoolConfig> PoolsFor(const pipelines::Pipeline& p,
-                                         const std::vector<std::string>& overrides) {
+                                          const std::vector<std::string>& overrides) {
   // Enough capacity in each pool used by the pipeline to run its widest fan-out at once.
   std::map<std::string, int> cap;
   for (const auto& s : p.stages) cap[s.pool] = std::max({cap[s.pool], 16, s.spec.count});
@@ -267,8 +268,9 @@ int CmdCancel(const std::string& run_text) {
   if (left == 0)
     std::cout << "all stages stopped\n";
   else
-    std::cout << left << " stage(s) still running: their workers are unreachable; the "
-                        "scheduler ends them when their leases expire\n";
+    std::cout << left
+              << " stage(s) still running: their workers are unreachable; the "
+                 "scheduler ends them when their leases expire\n";
   return kExitOk;
 }
 
@@ -294,7 +296,8 @@ int CmdRetry(const std::string& run_text, const std::string& stage) {
 int CmdWatch(const std::string& run_text) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
-  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  if (!catalog->GetRun(run_id))
+    throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   InstallSignalHandlers();
   FollowRun(*catalog, run_id, g_interrupted);
   if (g_interrupted) return kExitOk;

@@ -73,7 +73,8 @@ int CmdSpend(const SpendArgs& a) {
     for (char& c : h) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     header.push_back(h);
   }
-  for (const char* h : {">ATTEMPTS", ">BILLED HOURS", ">COST", ">WASTED", ">SAVED"}) header.push_back(h);
+  for (const char* h : {">ATTEMPTS", ">BILLED HOURS", ">COST", ">WASTED", ">SAVED"})
+    header.push_back(h);
   std::vector<std::vector<std::string>> table;
   Money cost, wasted, saved;
   for (const auto& r : rows) {
@@ -94,8 +95,8 @@ int CmdSpend(const SpendArgs& a) {
   if (!q.by.empty()) {
     std::vector<std::string> total(q.by.size(), "");
     total[0] = "total";
-    for (const auto& t : {std::string(), std::string(), cost.ToDollars(), wasted.ToDollars(),
-                          saved.ToDollars()})
+    for (const auto& t :
+         {std::string(), std::string(), cost.ToDollars(), wasted.ToDollars(), saved.ToDollars()})
       total.push_back(t);
     table.push_back(total);
   }
@@ -106,10 +107,10 @@ int CmdSpend(const SpendArgs& a) {
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period) {
   Money amount;
   if (!Money::Parse(usd, &amount) || amount.micros() <= 0)
-    throw UserError("budget " + usd + ": expected a positive amount in dollars, e.g. 800 or 1250.50");
+    throw UserError("budget " + usd +
+                    ": expected a positive amount in dollars, e.g. 800 or 1250.50");
   static const std::regex name("[a-z0-9][a-z0-9-]{0,62}");
-  if (!std::regex_match(project, name))
-    throw UserError("invalid project name '" + project + "'");
+  if (!std::regex_match(project, name)) throw UserError("invalid project name '" + project + "'");
   auto catalog = OpenCatalog();
   catalog->SetBudget(project, amount, period);
   std::cout << "project " << project << ": budget " << amount.ToDollars() << " per "
@@ -123,8 +124,11 @@ int CmdBudgetList(const std::string& format) {
   if (format == "json") {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const auto& b : budgets)
-      out.push_back({{"project", b.project}, {"period", b.period}, {"budget_usd", Usd(b.amount)},
-                     {"spent_usd", Usd(b.spent)}, {"remaining_usd", Usd(b.amount - b.spent)}});
+      out.push_back({{"project", b.project},
+                     {"period", b.period},
+                     {"budget_usd", Usd(b.amount)},
+                     {"spent_usd", Usd(b.spent)},
+                     {"remaining_usd", Usd(b.amount - b.spent)}});
     std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
@@ -174,7 +178,8 @@ void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money
   if (force) return;
   if (p.budget && estimate > *p.budget)
     throw UserError("the plan estimates " + estimate.ToDollars() + ", over this run's budget_usd " +
-                    p.budget->ToDollars() + " (see `trnflow plan`); raise budget_usd, or pass --force");
+                    p.budget->ToDollars() +
+                    " (see `trnflow plan`); raise budget_usd, or pass --force");
   for (const auto& b : catalog.ProjectBudgets(project)) {
     Money left = b.amount - b.spent;
     if (estimate > left)

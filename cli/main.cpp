@@ -60,20 +60,23 @@ int main(int argc, char** argv) {
   runs->add_option("--state", runs_state, "only runs in this state")
       ->check(CLI::IsMember({"running", "succeeded", "failed", "cancelled"}));
   runs->add_option("--limit", runs_limit, "at most this many (default 50)");
-  runs->add_option("--format", runs_format, "table or json")->check(CLI::IsMember({"table", "json"}));
+  runs->add_option("--format", runs_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
 
   std::string show_run, show_stage, show_format = "table";
   auto* show = app.add_subcommand("show", "one run: stages, attempts, costs");
   show->add_option("RUN", show_run, "run id")->required();
   show->add_option("--stage", show_stage, "list every attempt of this stage");
-  show->add_option("--format", show_format, "table or json")->check(CLI::IsMember({"table", "json"}));
+  show->add_option("--format", show_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
 
   std::string watch_run;
   auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
   watch->add_option("RUN", watch_run, "run id")->required();
 
   std::string cancel_run;
-  auto* cancel = app.add_subcommand("cancel", "cancel a run: pending stages end, running ones stop");
+  auto* cancel =
+      app.add_subcommand("cancel", "cancel a run: pending stages end, running ones stop");
   cancel->add_option("RUN", cancel_run, "run id")->required();
 
   std::string resume_run;

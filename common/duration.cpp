@@ -29,11 +29,20 @@ std::optional<double> ParseDuration(std::string_view text) {
     int rank;
     double unit;
     switch (s[i]) {
-      case 'd': rank = 4, unit = 86400; break;
-      case 'h': rank = 3, unit = 3600; break;
-      case 'm': rank = 2, unit = 60; break;
-      case 's': rank = 1, unit = 1; break;
-      default: return std::nullopt;
+      case 'd':
+        rank = 4, unit = 86400;
+        break;
+      case 'h':
+        rank = 3, unit = 3600;
+        break;
+      case 'm':
+        rank = 2, unit = 60;
+        break;
+      case 's':
+        rank = 1, unit = 1;
+        break;
+      default:
+        return std::nullopt;
     }
     if (rank >= last_rank) return std::nullopt;
     last_rank = rank;

@@ -36,9 +36,9 @@ RetryDecision DecideAfterAttempt(const StageSpec& spec, Market current, Outcome 
     default:
       break;
   }
-  bool preemption = IsPreemption(outcome) && !(current == Market::kOnDemand &&
-                                               preemptions_before >= r.max_interruptions &&
-                                               outcome == Outcome::kLost);
+  bool preemption = IsPreemption(outcome) &&
+                    !(current == Market::kOnDemand && preemptions_before >= r.max_interruptions &&
+                      outcome == Outcome::kLost);
   if (!listed) {
     d.next = StageState::kFailed;
     d.reason = std::string(ToString(outcome)) + " is not in retry.on";

@@ -5,8 +5,8 @@
 // - succeeded/cached end the stage; user_error and failed are never retried.
 // - Preemptions (spot_interruption, capacity_unavailable, lost) draw on their own budget,
 //   retry.max_interruptions; the interruption that spends it moves the stage to on-demand
-//   (then: on-demand) or fails it (then: fail). Preemptions never consume the error budget, except on on-demand
-//   after the fallback, where a lost instance is an error like any other.
+//   (then: on-demand) or fails it (then: fail). Preemptions never consume the error budget, except
+//   on on-demand after the fallback, where a lost instance is an error like any other.
 // - Errors (timeout, infra_error) are retried while attempts for errors remain
 //   (retry.max_attempts counts them) and the outcome is listed in retry.on.
 // - Backoff: initial * factor^(n-1), capped at max, times a jitter factor in [0.8, 1.2).

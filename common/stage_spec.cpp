@@ -10,12 +10,12 @@ namespace {
 constexpr std::array<std::string_view, 5> kKinds = {"run", "train", "compile", "deploy",
                                                     "benchmark"};
 constexpr std::array<std::string_view, 2> kMarkets = {"on-demand", "spot"};
-constexpr std::array<std::string_view, 9> kStates = {
-    "blocked", "ready", "running", "retry_wait", "succeeded", "cached", "failed", "skipped",
-    "cancelled"};
+constexpr std::array<std::string_view, 9> kStates = {"blocked",    "ready",     "running",
+                                                     "retry_wait", "succeeded", "cached",
+                                                     "failed",     "skipped",   "cancelled"};
 constexpr std::array<std::string_view, 11> kOutcomes = {
-    "succeeded", "cached",  "failed",      "spot_interruption", "capacity_unavailable", "lost",
-    "timeout",   "infra_error", "user_error", "cancelled",      "budget_exceeded"};
+    "succeeded", "cached",      "failed",     "spot_interruption", "capacity_unavailable", "lost",
+    "timeout",   "infra_error", "user_error", "cancelled",         "budget_exceeded"};
 
 template <typename E, size_t N>
 std::optional<E> Lookup(const std::array<std::string_view, N>& names, std::string_view s) {
@@ -65,8 +65,8 @@ std::string ToJson(const StageSpec& s) {
       {"count", s.count},
       {"market", ToString(s.market)},
       {"command", {{"argv", s.command.argv}, {"shell", s.command.shell}, {"env", s.command.env}}},
-      {"workload", s.workload_json.empty() ? nlohmann::json(nullptr)
-                                           : nlohmann::json::parse(s.workload_json)},
+      {"workload",
+       s.workload_json.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(s.workload_json)},
       {"retry",
        {{"max_attempts", s.retry.max_attempts},
         {"on", on},
@@ -100,7 +100,8 @@ StageSpec StageSpecFromJson(std::string_view text) {
     const auto& r = j.at("retry");
     s.retry.max_attempts = r.at("max_attempts").get<int>();
     s.retry.on.clear();
-    for (const auto& o : r.at("on")) s.retry.on.push_back(ParseOutcome(o.get<std::string>()).value());
+    for (const auto& o : r.at("on"))
+      s.retry.on.push_back(ParseOutcome(o.get<std::string>()).value());
     s.retry.backoff.initial_s = r.at("backoff").at("initial_s").get<double>();
     s.retry.backoff.factor = r.at("backoff").at("factor").get<double>();
     s.retry.backoff.max_s = r.at("backoff").at("max_s").get<double>();

@@ -13,11 +13,28 @@ namespace trnflow {
 enum class StageKind { kRun, kTrain, kCompile, kDeploy, kBenchmark };
 enum class Market { kOnDemand, kSpot };
 enum class StageState {
-  kBlocked, kReady, kRunning, kRetryWait, kSucceeded, kCached, kFailed, kSkipped, kCancelled
+  kBlocked,
+  kReady,
+  kRunning,
+  kRetryWait,
+  kSucceeded,
+  kCached,
+  kFailed,
+  kSkipped,
+  kCancelled
 };
 enum class Outcome {
-  kSucceeded, kCached, kFailed, kSpotInterruption, kCapacityUnavailable, kLost, kTimeout,
-  kInfraError, kUserError, kCancelled, kBudgetExceeded
+  kSucceeded,
+  kCached,
+  kFailed,
+  kSpotInterruption,
+  kCapacityUnavailable,
+  kLost,
+  kTimeout,
+  kInfraError,
+  kUserError,
+  kCancelled,
+  kBudgetExceeded
 };
 
 std::string_view ToString(StageKind);
@@ -44,7 +61,7 @@ struct RetryPolicy {
   std::vector<Outcome> on = {Outcome::kSpotInterruption, Outcome::kCapacityUnavailable,
                              Outcome::kLost, Outcome::kInfraError, Outcome::kTimeout};
   Backoff backoff;
-  int max_interruptions = 6;               // preemption budget
+  int max_interruptions = 6;              // preemption budget
   std::string then_market = "on-demand";  // after the preemption budget: on-demand | fail
 };
 
@@ -65,11 +82,11 @@ struct StageSpec {
   std::string instance;
   int count = 1;
   Market market = Market::kOnDemand;
-  CommandSpec command;             // kind run
-  std::string workload_json;      // sim stages: sim::Workload as JSON (see sim/workload.h)
+  CommandSpec command;        // kind run
+  std::string workload_json;  // sim stages: sim::Workload as JSON (see sim/workload.h)
   RetryPolicy retry;
   CheckpointPolicy checkpoint;
-  double timeout_s = 0;            // 0: none
+  double timeout_s = 0;  // 0: none
   bool cache = false;
 };
 

@@ -47,9 +47,9 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
     switch (s.spec.kind) {
       case StageKind::kTrain:
         if (sim::Fit f = sim::CheckTrain(w, *t, s.spec.count); !f.ok)
-          d.Error(s.At(f.message.find("parallelism") != std::string::npos ? "parallelism"
+          d.Error(s.At(f.message.find("parallelism") != std::string::npos      ? "parallelism"
                        : f.message.find("training needs") != std::string::npos ? "count"
-                                                                                : "instance"),
+                                                                               : "instance"),
                   who + f.message, f.hint);
         break;
       case StageKind::kCompile:
@@ -87,10 +87,10 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
         std::string family = sim::CompileFamily(t->family);
         for (const auto& target : targets)
           if (target != family)
-            d.Error(s.At("instance"),
-                    who + "serves on " + t->name + " (" + family +
-                        ") graphs compiled for " + target,
-                    "compile with target: " + family + ", or serve on a " + target + " instance");
+            d.Error(
+                s.At("instance"),
+                who + "serves on " + t->name + " (" + family + ") graphs compiled for " + target,
+                "compile with target: " + family + ", or serve on a " + target + " instance");
         int tokens = w.input_tokens + w.output_tokens;
         if (tokens > max_seq)
           d.Error(s.At("output_tokens"),
@@ -126,7 +126,8 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
   if (s.spec.kind == StageKind::kCompile && !s.spec.cache)
     d.Warning(s.At("cache"), who + "compile stage with cache: false recompiles every run",
               "remove cache: false so identical graphs come from the cache");
-  if (s.spec.market == Market::kOnDemand && t->spot_per_hour.micros() * 2 < t->on_demand_per_hour.micros()) {
+  if (s.spec.market == Market::kOnDemand &&
+      t->spot_per_hour.micros() * 2 < t->on_demand_per_hour.micros()) {
     Money on_demand = Charge(t->on_demand_per_hour, s.spec.count, seconds);
     Money spot = Charge(t->spot_per_hour, s.spec.count, seconds);
     if (on_demand.usd() >= kWorthWarningUsd) {
@@ -163,10 +164,10 @@ void CheckPipeline(const Pipeline& p, Diagnostics& d) {
   for (const auto& [base, failure] : worst) {
     const Stage* s = failure.first;
     const sim::Fit& f = failure.second;
-    std::string field = f.message.find("seq_len") != std::string::npos ? "seq_len"
-                        : f.message.find("NCC_EXTP003") == 0             ? "target"
+    std::string field = f.message.find("seq_len") != std::string::npos       ? "seq_len"
+                        : f.message.find("NCC_EXTP003") == 0                 ? "target"
                         : f.message.find("host memory") != std::string::npos ? "instance"
-                                                                               : "tp_degree";
+                                                                             : "tp_degree";
     d.Error(s->At(field), "stage '" + s->spec.name + "': " + f.message, f.hint);
   }
 }

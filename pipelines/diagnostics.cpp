@@ -25,7 +25,8 @@ std::string Diagnostics::Format() const {
   std::string out;
   for (const Diagnostic* d : sorted) {
     out += file_;
-    if (d->loc.line > 0) out += ":" + std::to_string(d->loc.line) + ":" + std::to_string(d->loc.col);
+    if (d->loc.line > 0)
+      out += ":" + std::to_string(d->loc.line) + ":" + std::to_string(d->loc.col);
     out += d->severity == Severity::kError ? ": error: " : ": warning: ";
     out += d->message + "\n";
     if (!d->hint.empty()) out += "  hint: " + d->hint + "\n";

@@ -3,8 +3,8 @@
 // all of them at once: `FILE:LINE:COL: error: MESSAGE` followed by `  hint: FIX`.
 #include <set>
 #include <string>
-#include <tuple>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace trnflow::pipelines {

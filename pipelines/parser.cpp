@@ -48,8 +48,10 @@ std::optional<std::vector<std::string>> SplitWords(const std::string& s) {
   char quote = 0;
   for (char c : s) {
     if (quote) {
-      if (c == quote) quote = 0;
-      else cur += c;
+      if (c == quote)
+        quote = 0;
+      else
+        cur += c;
     } else if (c == '\'' || c == '"') {
       quote = c, in_word = true;
     } else if (std::isspace(static_cast<unsigned char>(c))) {
@@ -69,12 +71,12 @@ struct Scope {
   std::string stage;
 };
 
-const std::vector<std::string> kRootKeys = {"pipeline", "project",  "description", "params",
-                                            "budget_usd", "simulation", "defaults", "stages"};
-const std::vector<std::string> kCommonStageKeys = {
-    "kind",  "needs", "instance", "count",   "market", "retry",      "checkpoint",
-    "timeout", "cache", "env",    "matrix",  "description"};
-const std::vector<std::string> kDefaultsKeys = {"instance", "count",   "market", "retry",
+const std::vector<std::string> kRootKeys = {"pipeline",   "project",    "description", "params",
+                                            "budget_usd", "simulation", "defaults",    "stages"};
+const std::vector<std::string> kCommonStageKeys = {"kind",   "needs", "instance",   "count",
+                                                   "market", "retry", "checkpoint", "timeout",
+                                                   "cache",  "env",   "matrix",     "description"};
+const std::vector<std::string> kDefaultsKeys = {"instance",   "count",   "market", "retry",
                                                 "checkpoint", "timeout", "cache",  "env"};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
     {StageKind::kRun, {"run", "shell"}},
@@ -103,16 +105,14 @@ class Parser {
   std::set<std::string> CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
                                  const std::string& what);
   bool ExpectMap(const YAML::Node& n, const std::string& what);
-  std::optional<std::string> Text(const YAML::Node& n, const std::string& what,
-                                  const Scope& scope);
+  std::optional<std::string> Text(const YAML::Node& n, const std::string& what, const Scope& scope);
   // A finite number in [min, max]; with `scaled`, a count may carry a suffix: 20B, 1.5T, 100K.
   std::optional<double> Number(const YAML::Node& n, const std::string& what, const Scope& scope,
                                double min, double max, bool scaled = false);
   std::optional<int> Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
                              int min, int max);
   std::optional<bool> Bool(const YAML::Node& n, const std::string& what, const Scope& scope);
-  std::optional<double> Duration(const YAML::Node& n, const std::string& what,
-                                 const Scope& scope);
+  std::optional<double> Duration(const YAML::Node& n, const std::string& what, const Scope& scope);
   std::optional<std::string> Interpolate(const std::string& text, Loc loc, const Scope& scope);
 
   // --- sections ---------------------------------------------------------------------------
@@ -172,15 +172,16 @@ std::set<std::string> Parser::CheckMap(const YAML::Node& map,
         std::string field = key.substr(0, colon);
         if (std::find(allowed.begin(), allowed.end(), field) != allowed.end()) {
           typo_of.insert(field);
-          diags_.Error(At(it->first), "unknown field '" + key + "' in " + what,
-                       "put a space after the colon: `" + field + ": " + key.substr(colon + 1) + "`");
+          diags_.Error(
+              At(it->first), "unknown field '" + key + "' in " + what,
+              "put a space after the colon: `" + field + ": " + key.substr(colon + 1) + "`");
           continue;
         }
       }
       if (!close.empty()) typo_of.insert(close);
-      diags_.Error(At(it->first), "unknown field '" + key + "' in " + what,
-                   close.empty() ? "allowed here: " + Join(allowed, ", ")
-                                 : "did you mean '" + close + "'?");
+      diags_.Error(
+          At(it->first), "unknown field '" + key + "' in " + what,
+          close.empty() ? "allowed here: " + Join(allowed, ", ") : "did you mean '" + close + "'?");
     }
   }
   return typo_of;
@@ -258,7 +259,9 @@ std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& 
                                         const Scope& scope) {
   if (!n.IsScalar()) {
     diags_.Error(At(n), what + " must be a single value, not a " +
-                            (n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null"));
+                            (n.IsMap()        ? "mapping"
+                             : n.IsSequence() ? "list"
+                                              : "null"));
     return std::nullopt;
   }
   Loc loc = At(n);
@@ -278,19 +281,29 @@ std::optional<double> Parser::Number(const YAML::Node& n, const std::string& wha
   double scale = 1;
   if (scaled && s.size() > 1) {
     switch (s.back()) {
-      case 'K': scale = 1e3; break;
-      case 'M': scale = 1e6; break;
-      case 'B': case 'G': scale = 1e9; break;
-      case 'T': scale = 1e12; break;
-      default: break;
+      case 'K':
+        scale = 1e3;
+        break;
+      case 'M':
+        scale = 1e6;
+        break;
+      case 'B':
+      case 'G':
+        scale = 1e9;
+        break;
+      case 'T':
+        scale = 1e12;
+        break;
+      default:
+        break;
     }
     if (scale != 1) s.pop_back();
   }
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(s.c_str(), &end);
-  bool numeric = !s.empty() && end == s.c_str() + s.size() &&
-                 s.find_first_of("xXpP") == std::string::npos;
+  bool numeric =
+      !s.empty() && end == s.c_str() + s.size() && s.find_first_of("xXpP") == std::string::npos;
   std::string lower = s;
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   if (lower.find("nan") != std::string::npos || lower.find("inf") != std::string::npos ||
@@ -314,8 +327,8 @@ std::optional<double> Parser::Number(const YAML::Node& n, const std::string& wha
   return v;
 }
 
-std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what,
-                                   const Scope& scope, int min, int max) {
+std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
+                                   int min, int max) {
   auto v = Number(n, what, scope, min, max);
   if (!v) return std::nullopt;
   if (*v != std::floor(*v)) {
@@ -325,8 +338,7 @@ std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what,
   return static_cast<int>(*v);
 }
 
-std::optional<bool> Parser::Bool(const YAML::Node& n, const std::string& what,
-                                 const Scope& scope) {
+std::optional<bool> Parser::Bool(const YAML::Node& n, const std::string& what, const Scope& scope) {
   auto text = Text(n, what, scope);
   if (!text) return std::nullopt;
   if (*text == "true") return true;
@@ -402,8 +414,9 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
     return std::nullopt;
   }
   if (!ExpectMap(n, "model")) return std::nullopt;
-  const auto typos = CheckMap(n, {"name", "parameters", "layers", "hidden", "heads", "kv_heads",
-                                  "vocab", "context", "architecture"},
+  const auto typos = CheckMap(n,
+                              {"name", "parameters", "layers", "hidden", "heads", "kv_heads",
+                               "vocab", "context", "architecture"},
                               "model");
   sim::Model m;
   bool ok = true;
@@ -487,13 +500,14 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
     if (ExpectMap(s, "retry.spot")) {
       CheckMap(s, {"max_interruptions", "then"}, "retry.spot");
       if (s["max_interruptions"])
-        if (auto v = Integer(s["max_interruptions"], "retry.spot.max_interruptions", scope, 0,
-                             1000))
+        if (auto v =
+                Integer(s["max_interruptions"], "retry.spot.max_interruptions", scope, 0, 1000))
           out->max_interruptions = *v;
       if (s["then"])
         if (auto v = Text(s["then"], "retry.spot.then", scope)) {
           if (*v != "on-demand" && *v != "fail")
-            diags_.Error(At(s["then"]), "retry.spot.then must be on-demand or fail, not '" + *v + "'");
+            diags_.Error(At(s["then"]),
+                         "retry.spot.then must be on-demand or fail, not '" + *v + "'");
           else
             out->then_market = *v;
         }
@@ -522,7 +536,8 @@ void Parser::ParseStages(const YAML::Node& stages) {
     return;
   }
   std::vector<std::pair<YAML::Node, YAML::Node>> entries;
-  for (auto it = stages.begin(); it != stages.end(); ++it) entries.push_back({it->first, it->second});
+  for (auto it = stages.begin(); it != stages.end(); ++it)
+    entries.push_back({it->first, it->second});
   std::set<std::string> field_names(kCommonStageKeys.begin(), kCommonStageKeys.end());
   for (const auto& [kind, keys] : kKindKeys) field_names.insert(keys.begin(), keys.end());
   std::set<std::string> seen;
@@ -542,8 +557,9 @@ void Parser::ParseStages(const YAML::Node& stages) {
       while (e + 1 < entries.size() && entries[e + 1].first.IsScalar() &&
              field_names.count(entries[e + 1].first.Scalar()))
         fields.push_back(entries[++e].first.Scalar());
-      diags_.Error(name_loc, "stage '" + name + "' has no fields: " + Join(fields, ", ") +
-                                 " below it are not indented under it",
+      diags_.Error(name_loc,
+                   "stage '" + name + "' has no fields: " + Join(fields, ", ") +
+                       " below it are not indented under it",
                    "indent the fields of '" + name + "' two spaces more than its name");
       continue;
     }
@@ -609,9 +625,10 @@ void Parser::ParseStages(const YAML::Node& stages) {
     size_t combos = 1;
     for (const auto& [k, v] : axes) combos *= v.size();
     if (combos > 10'000) {
-      diags_.Error(At(matrix), "matrix of stage '" + name + "' expands to " +
-                                   std::to_string(combos) + " stages",
-                   "at most 10000 combinations per stage");
+      diags_.Error(
+          At(matrix),
+          "matrix of stage '" + name + "' expands to " + std::to_string(combos) + " stages",
+          "at most 10000 combinations per stage");
       continue;
     }
     std::vector<size_t> idx(axes.size(), 0);
@@ -659,8 +676,9 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       }
     }
     if (kind && n["run"]) {
-      diags_.Error(At(n["run"]), "stage '" + st.base_name + "' has both kind: " +
-                                     std::string(ToString(*kind)) + " and run:",
+      diags_.Error(At(n["run"]),
+                   "stage '" + st.base_name + "' has both kind: " + std::string(ToString(*kind)) +
+                       " and run:",
                    "a stage either runs a command (run:) or simulated work (kind:), not both");
       return;
     }
@@ -758,7 +776,8 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
                      "write run: \"cmd arg | other\" or drop shell: true");
       for (const auto& a : run)
         if (auto v = Text(a, "run argument", scope)) st.spec.command.argv.push_back(*v);
-      if (run.size() == 0) diags_.Error(At(run), "run: is an empty list", "name the program to run");
+      if (run.size() == 0)
+        diags_.Error(At(run), "run: is an empty list", "name the program to run");
     } else if (run.IsScalar()) {
       if (auto v = Text(run, "run", scope)) {
         if (shell) {
@@ -771,9 +790,10 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
         } else if (std::string bare = std::regex_replace(*v, std::regex(R"(\$\{\{[^}]*\}\})"), "");
                    bare.find_first_of("|&;<>`$*?") != std::string::npos) {
           char c = bare[bare.find_first_of("|&;<>`$*?")];
-          diags_.Error(At(run), std::string("run: uses the shell character '") + c +
-                                    "' but runs without a shell",
-                       "add shell: true to run it under /bin/sh, or write the command as a list");
+          diags_.Error(
+              At(run),
+              std::string("run: uses the shell character '") + c + "' but runs without a shell",
+              "add shell: true to run it under /bin/sh, or write the command as a list");
         } else {
           st.spec.command.argv = *words;
         }
@@ -791,8 +811,10 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
   w.kind = *kind;
   w.model.name.clear();
   if (n["model"]) {
-    if (auto m = ParseModel(n["model"], scope)) w.model = *m;
-    else w.model.name = kInvalidModel;  // reported already; keeps dependents from repeating it
+    if (auto m = ParseModel(n["model"], scope))
+      w.model = *m;
+    else
+      w.model.name = kInvalidModel;  // reported already; keeps dependents from repeating it
   }
   auto int_field = [&](const char* key, int min, int max, int* out) {
     if (n[key])
@@ -904,8 +926,7 @@ void Parser::ResolveNeeds() {
         for (const auto& n : names)
           if (n != s.base_name) others.push_back(n);
         std::string hint = DidYouMean(need, others);
-        if (need.find(',') != std::string::npos)
-          hint = "needs takes a list: needs: [" + need + "]";
+        if (need.find(',') != std::string::npos) hint = "needs takes a list: needs: [" + need + "]";
         diags_.Error(loc, "stage '" + s.base_name + "' needs unknown stage '" + need + "'",
                      hint.empty() ? "stages: " + Join(others, ", ") : hint);
         continue;
@@ -940,8 +961,8 @@ void Parser::InheritModels() {
       }
     }
     if (s.workload->model.name.empty() && s.spec.kind != StageKind::kTrain)
-      diags_.Error(s.loc, std::string(ToString(s.spec.kind)) + " stage '" + s.base_name +
-                              "' has no model",
+      diags_.Error(s.loc,
+                   std::string(ToString(s.spec.kind)) + " stage '" + s.base_name + "' has no model",
                    "name one with model:, or add the train or compile stage it builds on to "
                    "its needs");
   }
@@ -958,7 +979,11 @@ size_t InvalidUtf8(const std::string& text) {
   size_t i = 0, n = text.size();
   while (i < n) {
     auto c = static_cast<unsigned char>(text[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
     if (len == 0 || i + len > n || (len == 2 && c < 0xC2)) return i;
     for (size_t k = 1; k < len; ++k)
       if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return i;
@@ -970,8 +995,10 @@ size_t InvalidUtf8(const std::string& text) {
 Loc LocOfOffset(const std::string& text, size_t offset) {
   Loc loc{1, 1};
   for (size_t i = 0; i < offset && i < text.size(); ++i) {
-    if (text[i] == '\n') loc.line++, loc.col = 1;
-    else loc.col++;
+    if (text[i] == '\n')
+      loc.line++, loc.col = 1;
+    else
+      loc.col++;
   }
   return loc;
 }
@@ -991,7 +1018,8 @@ std::optional<Diagnostic> ExplainSyntaxError(const std::string& text, size_t err
     std::string l = text.substr(line_start, end - line_start);
     size_t indent = l.find_first_not_of(' ');
     if (indent != std::string::npos && l[indent] == '\t')
-      return Diagnostic{Severity::kError, {line, static_cast<int>(indent) + 1},
+      return Diagnostic{Severity::kError,
+                        {line, static_cast<int>(indent) + 1},
                         "a tab indents this line; YAML indentation must be spaces",
                         "replace the tab with spaces"};
     char quote = 0;
@@ -999,8 +1027,10 @@ std::optional<Diagnostic> ExplainSyntaxError(const std::string& text, size_t err
     for (size_t i = 0; i < l.size(); ++i) {
       char c = l[i];
       if (quote) {
-        if (c == '\\' && quote == '"') ++i;
-        else if (c == quote) quote = 0;
+        if (c == '\\' && quote == '"')
+          ++i;
+        else if (c == quote)
+          quote = 0;
         continue;
       }
       if (c == '#' && (i == 0 || l[i - 1] == ' ')) break;
@@ -1070,7 +1100,8 @@ LoadResult Parser::Run() {
   // A stray `---` starts a second document that YAML::Load would silently drop.
   for (size_t pos = text_.find("---"); pos != std::string::npos; pos = text_.find("---", pos + 3)) {
     bool line_start = pos == 0 || text_[pos - 1] == '\n';
-    bool alone = pos + 3 >= text_.size() || std::isspace(static_cast<unsigned char>(text_[pos + 3]));
+    bool alone =
+        pos + 3 >= text_.size() || std::isspace(static_cast<unsigned char>(text_[pos + 3]));
     if (!line_start || !alone) continue;
     if (text_.find_first_not_of(" \t\r\n", 0) == pos) continue;  // a leading marker is fine
     if (text_.substr(0, pos).find_first_not_of(" \t\r\n") == std::string::npos) continue;
@@ -1104,7 +1135,8 @@ LoadResult Parser::Run() {
                    "use lowercase letters, digits and '-', starting with a letter or digit");
     p_.name = *v;
   }
-  if (root["params"]) ParseParams(root["params"]);
+  if (root["params"])
+    ParseParams(root["params"]);
   else if (!options_.params.empty())
     for (const auto& [k, v] : options_.params)
       diags_.Error({}, "--param " + k + ": the pipeline declares no params",
@@ -1130,15 +1162,17 @@ LoadResult Parser::Run() {
     if (ExpectMap(sim, "simulation")) {
       CheckMap(sim, {"spot_rate_multiplier"}, "simulation");
       if (sim["spot_rate_multiplier"])
-        if (auto v = Number(sim["spot_rate_multiplier"], "simulation.spot_rate_multiplier", top,
-                            0, 1e6))
+        if (auto v =
+                Number(sim["spot_rate_multiplier"], "simulation.spot_rate_multiplier", top, 0, 1e6))
           p_.spot_rate_multiplier = *v;
     }
   }
   if (root["defaults"]) {
     defaults_ = root["defaults"];
-    if (ExpectMap(defaults_, "defaults")) CheckMap(defaults_, kDefaultsKeys, "defaults");
-    else defaults_ = YAML::Node();
+    if (ExpectMap(defaults_, "defaults"))
+      CheckMap(defaults_, kDefaultsKeys, "defaults");
+    else
+      defaults_ = YAML::Node();
   }
   if (!root["stages"]) {
     diags_.Error(At(root, {1, 1}), "missing required field 'stages'",

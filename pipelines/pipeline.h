@@ -19,9 +19,9 @@ struct Stage {
   std::string base_name;           // the name in the file: "compile"
   std::vector<std::string> needs;  // expanded stage names
   std::optional<sim::Workload> workload;  // sim stages
-  std::string pool;                // worker pool of the instance type
-  Loc loc;                         // where the stage is defined
-  std::map<std::string, Loc> fields;  // where each of its fields' values is
+  std::string pool;                       // worker pool of the instance type
+  Loc loc;                                // where the stage is defined
+  std::map<std::string, Loc> fields;      // where each of its fields' values is
   // The place of a field's value, or of the stage when the field is absent.
   Loc At(const std::string& field) const {
     auto it = fields.find(field);

@@ -1,11 +1,10 @@
 #include "pipelines/plan.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "pipelines/dag.h"
 #include "sim/feasibility.h"
@@ -42,7 +41,8 @@ void FindCheaper(const Pipeline& p, const Stage& s, StagePlan& sp) {
   const sim::Catalog& hw = sim::Catalog::Builtin();
   std::string family;  // a serving stage must stay on the family its graphs were compiled for
   for (const auto& n : s.needs)
-    if (const Stage* u = p.Find(n); u && u->spec.kind == StageKind::kCompile) family = u->workload->target;
+    if (const Stage* u = p.Find(n); u && u->spec.kind == StageKind::kCompile)
+      family = u->workload->target;
   bool spot = s.spec.market == Market::kSpot;
   for (const auto& t : hw.instances()) {
     if (t.name == s.spec.instance) continue;
@@ -93,13 +93,12 @@ Plan MakePlan(const Pipeline& p) {
       sp.cost = Charge(t->price(s.spec.market == Market::kSpot), s.spec.count, seconds);
       sp.on_demand_cost = Charge(t->on_demand_per_hour, s.spec.count, seconds);
       if (s.spec.market == Market::kSpot) {
-        sp.expected_interruptions = sim::SpotInterruptionsPerHour(*t) * p.spot_rate_multiplier *
-                                    sp.hours * s.spec.count;
+        sp.expected_interruptions =
+            sim::SpotInterruptionsPerHour(*t) * p.spot_rate_multiplier * sp.hours * s.spec.count;
         double lost = LostPerInterruption(s, *t, seconds);
-        sp.expected_interruption_cost = Money::FromMicros(static_cast<int64_t>(
-            std::llround(sp.expected_interruptions *
-                         Charge(t->spot_per_hour, s.spec.count, lost).micros() *
-                         (lost > 0 ? 1 : 0))));
+        sp.expected_interruption_cost = Money::FromMicros(static_cast<int64_t>(std::llround(
+            sp.expected_interruptions * Charge(t->spot_per_hour, s.spec.count, lost).micros() *
+            (lost > 0 ? 1 : 0))));
       }
       FindCheaper(p, s, sp);
     }
@@ -121,18 +120,18 @@ Plan MakePlan(const Pipeline& p) {
 std::string PlanToJson(const Plan& plan) {
   nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (const auto& s : plan.stages) {
-    nlohmann::ordered_json j = {{"name", s.name},
-                        {"kind", s.kind},
-                        {"instance", s.instance},
-                        {"count", s.count},
-                        {"market", s.market},
-                        {"hours", Round(s.hours, 3)},
-                        {"cost_usd", s.cost.usd()},
-                        {"on_demand_cost_usd", s.on_demand_cost.usd()},
-                        {"expected_interruptions", Round(s.expected_interruptions, 3)},
-                        {"expected_interruption_cost_usd",
-                         s.expected_interruption_cost.usd()},
-                        {"cached", s.cached}};
+    nlohmann::ordered_json j = {
+        {"name", s.name},
+        {"kind", s.kind},
+        {"instance", s.instance},
+        {"count", s.count},
+        {"market", s.market},
+        {"hours", Round(s.hours, 3)},
+        {"cost_usd", s.cost.usd()},
+        {"on_demand_cost_usd", s.on_demand_cost.usd()},
+        {"expected_interruptions", Round(s.expected_interruptions, 3)},
+        {"expected_interruption_cost_usd", s.expected_interruption_cost.usd()},
+        {"cached", s.cached}};
     if (!s.cheaper_instance.empty())
       j["cheaper_alternative"] = {{"instance", s.cheaper_instance},
                                   {"cost_usd", s.cheaper_cost.usd()}};
@@ -145,9 +144,9 @@ std::string PlanToJson(const Plan& plan) {
     stages.push_back(std::move(j));
   }
   nlohmann::ordered_json out = {{"pipeline", plan.pipeline},
-                        {"stages", stages},
-                        {"total_hours", Round(plan.total_hours, 3)},
-                        {"total_cost_usd", plan.total_cost.usd()}};
+                                {"stages", stages},
+                                {"total_hours", Round(plan.total_hours, 3)},
+                                {"total_cost_usd", plan.total_cost.usd()}};
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 

@@ -118,17 +118,16 @@ void Scheduler::Loop() {
            r.progress_to = e.progress;
            r.message = "lease expired: worker stopped heartbeating; " + d.reason;
            Logger("scheduler.rescuer")
-               ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt,
-                      ToString(d.next));
+               ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt, ToString(d.next));
            return r;
          });
          if (n) Logger("scheduler.rescuer")->info("rescued={}", n);
        }},
-      {"budget", options_.budget_every_s,
-       [&](schema::Catalog& c) { GuardBudgets(c); }},
+      {"budget", options_.budget_every_s, [&](schema::Catalog& c) { GuardBudgets(c); }},
       {"finisher", options_.finish_every_s,
        [&](schema::Catalog& c) {
-         for (int64_t id : c.FinishRuns()) Logger("scheduler.finisher")->info("finished run={}", id);
+         for (int64_t id : c.FinishRuns())
+           Logger("scheduler.finisher")->info("finished run={}", id);
        }},
   };
 
@@ -153,8 +152,8 @@ void Scheduler::Loop() {
           }
           // Jitter keeps several processes' services from ticking in lockstep.
           double next = s.every_s * (0.9 + 0.2 * unit(rng));
-          s.due = now + std::chrono::duration_cast<Steady::duration>(
-                            std::chrono::duration<double>(next));
+          s.due = now +
+                  std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(next));
         }
       }
       backoff_s = 0.1;
@@ -164,7 +163,8 @@ void Scheduler::Loop() {
       catalog.reset();
       auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
                                        std::chrono::duration<double>(backoff_s));
-      while (!stop_ && Steady::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      while (!stop_ && Steady::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       backoff_s = std::min(backoff_s * 2, 5.0);
       continue;
     } catch (const std::exception& e) {

@@ -13,12 +13,12 @@ namespace trnflow::scheduler {
 
 struct SchedulerOptions {
   std::string database_url;
-  double tick_s = 0.25;           // how often leadership and due services are checked
+  double tick_s = 0.25;  // how often leadership and due services are checked
   double promote_every_s = 0.5;
   double rescue_every_s = 1.0;
   double finish_every_s = 2.0;
   double budget_every_s = 1.0;
-  uint64_t seed = 0;              // jitter of intervals and of retry backoff
+  uint64_t seed = 0;  // jitter of intervals and of retry backoff
 };
 
 class Scheduler {

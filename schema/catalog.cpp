@@ -1,12 +1,11 @@
 #include "schema/catalog.h"
 
-#include <nlohmann/json.hpp>
-#include <pqxx/pqxx>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
 #include <regex>
 #include <set>
 #include <unordered_map>
@@ -158,8 +157,8 @@ struct Catalog::Impl {
       // 08: connection exception; 57P: operator intervention (server shutting down).
       if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || !conn || !conn->is_open()) {
         conn.reset();
-        throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) +
-                                 ": " + e.what());
+        throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
+                                 e.what());
       }
       throw;
     }
@@ -180,8 +179,8 @@ struct Catalog::Impl {
   }
 
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
-    pqxx::result r = run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids))
-                             : Exec(tx, "FinishRuns", nullptr);
+    pqxx::result r =
+        run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids)) : Exec(tx, "FinishRuns", nullptr);
     std::vector<int64_t> out;
     for (const auto& row : r) out.push_back(row[0].as<int64_t>());
     return out;
@@ -211,11 +210,11 @@ struct Catalog::Impl {
       baseline.push_back(r.baseline.micros());
       attempt_of[r.stage_id] = r.attempt;
     }
-    pqxx::result done = Exec(
-        tx, "CompleteAttempts", NumberArray(ids), NumberArray(attempts), TextArray(owners),
-        TextArray(outcomes), TextArray(states), TextArray(markets), NumberArray(retry),
-        NumberArray(sim), NumberArray(billed), NumberArray(cost), NumberArray(wasted),
-        NumberArray(saved), NumberArray(progress), TextArray(messages), NumberArray(baseline));
+    pqxx::result done =
+        Exec(tx, "CompleteAttempts", NumberArray(ids), NumberArray(attempts), TextArray(owners),
+             TextArray(outcomes), TextArray(states), TextArray(markets), NumberArray(retry),
+             NumberArray(sim), NumberArray(billed), NumberArray(cost), NumberArray(wasted),
+             NumberArray(saved), NumberArray(progress), TextArray(messages), NumberArray(baseline));
     std::vector<int64_t> succeeded, failed, runs;
     std::vector<LeaseKey> applied;
     for (const auto& row : done) {
@@ -232,8 +231,8 @@ struct Catalog::Impl {
     std::vector<EventRow> metrics;
     for (const auto& r : results)
       if (!r.metrics_json.empty() && run_of.count(r.stage_id))
-        metrics.push_back({run_of[r.stage_id], r.stage_id, "metrics", "neuron-monitor",
-                           r.metrics_json});
+        metrics.push_back(
+            {run_of[r.stage_id], r.stage_id, "metrics", "neuron-monitor", r.metrics_json});
     if (!metrics.empty()) InsertEvents(tx, metrics);
     if (!succeeded.empty()) Exec(tx, "ReleaseDependents", NumberArray(succeeded));
     if (!failed.empty()) Exec(tx, "SkipDescendants", NumberArray(failed));
@@ -316,9 +315,9 @@ MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
     for (const auto& t : hw.instances()) {
       nlohmann::json sources(t.sources);
       impl_->Exec(tx, "UpsertInstanceType", t.name, t.family, t.pool, t.accelerator, t.chips,
-                  t.cores_per_chip, t.hbm_gib_per_chip, t.hbm_gbps_per_chip,
-                  t.bf16_tflops_per_chip, t.fp8_tflops_per_chip, t.vcpus, t.memory_gib,
-                  t.network_gbps, t.spot_interruption_bucket, sources.dump());
+                  t.cores_per_chip, t.hbm_gib_per_chip, t.hbm_gbps_per_chip, t.bf16_tflops_per_chip,
+                  t.fp8_tflops_per_chip, t.vcpus, t.memory_gib, t.network_gbps,
+                  t.spot_interruption_bucket, sources.dump());
       impl_->Exec(tx, "InsertPriceIfChanged", t.name, hw.prices_as_of(),
                   t.on_demand_per_hour.ToDecimal(), t.spot_per_hour.ToDecimal());
     }
@@ -330,10 +329,11 @@ MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
 void Catalog::RequireCurrentSchema() {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    auto exists = tx.exec("SELECT to_regclass('trnflow.schema_migrations') IS NOT NULL")[0][0]
-                      .as<bool>();
-    int version = exists ? tx.exec("SELECT coalesce(max(version), 0) FROM "
-                                   "trnflow.schema_migrations")[0][0]
+    auto exists =
+        tx.exec("SELECT to_regclass('trnflow.schema_migrations') IS NOT NULL")[0][0].as<bool>();
+    int version = exists ? tx.exec(
+                                 "SELECT coalesce(max(version), 0) FROM "
+                                 "trnflow.schema_migrations")[0][0]
                                .as<int>()
                          : 0;
     if (version < BinarySchemaVersion())
@@ -342,8 +342,9 @@ void Catalog::RequireCurrentSchema() {
                                "; this trnflow needs " + std::to_string(BinarySchemaVersion()) +
                                ". Run `trnflow db migrate`.");
     if (version > BinarySchemaVersion())
-      throw CatalogUnavailable("the catalog at " + RedactUrl(impl_->url) + " is at schema version " +
-                               std::to_string(version) + ", newer than this trnflow (" +
+      throw CatalogUnavailable("the catalog at " + RedactUrl(impl_->url) +
+                               " is at schema version " + std::to_string(version) +
+                               ", newer than this trnflow (" +
                                std::to_string(BinarySchemaVersion()) + "). Upgrade trnflow.");
   });
 }
@@ -356,9 +357,10 @@ int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o)
     int64_t pipeline_id =
         impl_->Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
     nlohmann::json params(p.params);
-    int64_t run_id = impl_->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed,
-                                 o.seed, p.spot_rate_multiplier,
-                                 p.budget ? p.budget->ToDecimal() : std::string(), o.workdir)[0][0]
+    int64_t run_id = impl_
+                         ->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed,
+                                o.seed, p.spot_rate_multiplier,
+                                p.budget ? p.budget->ToDecimal() : std::string(), o.workdir)[0][0]
                          .as<int64_t>();
     std::vector<std::string> names, kinds, pools, types, markets, specs;
     std::vector<int> counts, pending;
@@ -409,13 +411,12 @@ void Catalog::StopWorker(const std::string& worker_id) {
 
 std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
                                                     const std::string& worker_id,
-                                                    const std::string& worker_name,
-                                                    double lease_s, int64_t only_run) {
+                                                    const std::string& worker_name, double lease_s,
+                                                    int64_t only_run) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::result r =
-        impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id, worker_name, lease_s,
-                    only_run);
+    pqxx::result r = impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id,
+                                 worker_name, lease_s, only_run);
     tx.commit();
     std::vector<ClaimedStage> out;
     for (const auto& row : r) {
@@ -448,8 +449,8 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
     tx.commit();
     std::vector<LeaseKey> out;
     for (const auto& row : r)
-      out.push_back({row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>(),
-                     row[3].as<std::string>()});
+      out.push_back(
+          {row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>(), row[3].as<std::string>()});
     return out;
   });
 }
@@ -649,7 +650,8 @@ std::map<int64_t, std::string> Catalog::LatestStageMetrics(int64_t run_id) {
 
 void Catalog::ListenForReadyStages() {
   impl_->Guard([&] {
-    impl_->receiver = std::make_unique<Receiver>(impl_->C(), "trnflow_ready", &impl_->notifications);
+    impl_->receiver =
+        std::make_unique<Receiver>(impl_->C(), "trnflow_ready", &impl_->notifications);
     impl_->cancel_receiver =
         std::make_unique<Receiver>(impl_->C(), "trnflow_cancel", &impl_->cancel_notifications);
   });
@@ -683,9 +685,10 @@ int Catalog::ResumeRun(int64_t run_id) {
     if (run.empty()) throw UserError("no run " + std::to_string(run_id));
     std::string state = run[0][0].as<std::string>();
     if (state != "failed" && state != "cancelled")
-      throw UserError("run " + std::to_string(run_id) + " is " + state +
-                      "; only a failed or cancelled run can be resumed" +
-                      (state == "succeeded" ? " (use `trnflow retry RUN STAGE` to redo a stage)" : ""));
+      throw UserError(
+          "run " + std::to_string(run_id) + " is " + state +
+          "; only a failed or cancelled run can be resumed" +
+          (state == "succeeded" ? " (use `trnflow retry RUN STAGE` to redo a stage)" : ""));
     std::vector<int64_t> ids;
     for (const auto& row : impl_->Exec(tx, "StagesToReset", run_id, std::string()))
       ids.push_back(row[0].as<int64_t>());
@@ -722,9 +725,9 @@ namespace {
 // --by fields and the SQL expression each reads; nothing a user types reaches SQL text.
 const std::map<std::string, std::string>& SpendFields() {
   static const std::map<std::string, std::string> fields = {
-      {"project", "project"},        {"pipeline", "pipeline"}, {"run", "run"},
-      {"stage", "stage"},            {"kind", "kind"},         {"instance", "instance_type"},
-      {"market", "market"},          {"day", "day::text"},     {"month", "to_char(day, 'YYYY-MM')"}};
+      {"project", "project"}, {"pipeline", "pipeline"}, {"run", "run"},
+      {"stage", "stage"},     {"kind", "kind"},         {"instance", "instance_type"},
+      {"market", "market"},   {"day", "day::text"},     {"month", "to_char(day, 'YYYY-MM')"}};
   return fields;
 }
 }  // namespace
@@ -735,21 +738,23 @@ std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
   for (const auto& b : q.by) {
     auto it = SpendFields().find(b);
     if (it == SpendFields().end())
-      throw UserError("--by " + b + ": unknown field; use any of project, pipeline, run, stage, "
+      throw UserError("--by " + b +
+                      ": unknown field; use any of project, pipeline, run, stage, "
                       "kind, instance, market, day, month");
     keys.push_back(it->second);
     per_run = per_run || b == "run";
   }
   // The rollup answers everything but per-run questions, which need the ledger itself.
   std::string source =
-      per_run ? "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
-                "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
-                "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
-                "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
-                "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
-                "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
-                "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x"
-              : "trnflow.spend_rollup";
+      per_run
+          ? "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
+            "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
+            "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
+            "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
+            "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
+            "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
+            "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x"
+          : "trnflow.spend_rollup";
   std::string select, group;
   for (size_t i = 0; i < keys.size(); ++i) {
     select += keys[i] + ", ";
@@ -757,7 +762,8 @@ std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
   }
   std::string sql = "SELECT " + select +
                     "sum(attempts), sum(billed_seconds) / 3600.0, sum(cost_usd)::text, "
-                    "sum(wasted_usd)::text, sum(saved_usd)::text FROM " + source +
+                    "sum(wasted_usd)::text, sum(saved_usd)::text FROM " +
+                    source +
                     " WHERE ($1 = '' OR project = $1) AND ($2 = '' OR pipeline = $2)"
                     " AND ($3 = '' OR day >= $3::date) AND ($4 = '' OR day <= $4::date)" +
                     (group.empty() ? "" : " GROUP BY " + group) +
@@ -864,8 +870,9 @@ std::string Catalog::AddProject(const std::string& name, const std::vector<std::
         throw UserError(what);
       }
       if (e.sqlstate() == "42501")
-        throw UserError("the catalog role may not create roles: give it CREATEROLE "
-                        "(ALTER ROLE trnflow CREATEROLE)");
+        throw UserError(
+            "the catalog role may not create roles: give it CREATEROLE "
+            "(ALTER ROLE trnflow CREATEROLE)");
       throw;
     }
     tx.commit();

@@ -119,9 +119,9 @@ struct StageRow {
   std::string market;
   int attempts = 0;
   double progress = 0;
-  Money cost;                  // closed attempts
-  int64_t billed_seconds = 0;  // closed attempts
-  double running_cost_usd = 0; // estimate for the attempt in progress
+  Money cost;                   // closed attempts
+  int64_t billed_seconds = 0;   // closed attempts
+  double running_cost_usd = 0;  // estimate for the attempt in progress
   std::vector<std::string> needs;
 };
 

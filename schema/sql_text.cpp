@@ -18,8 +18,8 @@ const std::vector<Migration>& Migrations() {
   static const std::vector<Migration> all = [] {
     std::vector<Migration> out;
     for (const auto& f : migrations::Files())
-      out.push_back({std::stoi(std::string(f.name.substr(0, 4))), std::string(f.name),
-                     std::string(f.text)});
+      out.push_back(
+          {std::stoi(std::string(f.name.substr(0, 4))), std::string(f.name), std::string(f.text)});
     return out;  // embedded sorted by file name, so in version order
   }();
   return all;

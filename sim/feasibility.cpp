@@ -33,7 +33,9 @@ std::string SmallestWith(const Catalog& c, const std::string& family, int cores)
   return best ? best->name : "";
 }
 
-int Cores(const InstanceType& t) { return t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips; }
+int Cores(const InstanceType& t) {
+  return t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips;
+}
 
 }  // namespace
 
@@ -69,7 +71,8 @@ double TrainingStateBytes(const Model& m) { return kTrainBytesPerParameter * m.p
 Fit CheckTpDegree(int tp, const std::string& family) {
   auto valid = ValidTpDegrees(family);
   if (std::find(valid.begin(), valid.end(), tp) != valid.end()) return {};
-  return {false, "tp_degree " + std::to_string(tp) + " is not supported on " + CompileFamily(family),
+  return {false,
+          "tp_degree " + std::to_string(tp) + " is not supported on " + CompileFamily(family),
           "valid tp_degree on " + CompileFamily(family) + ": " + JoinInts(valid)};
 }
 
@@ -94,15 +97,17 @@ Fit CheckReplica(const Catalog& c, const Workload& w, const std::string& family,
                 (inst.empty() ? "" : " (" + std::to_string(v) + " NeuronCores: " + inst + ")") +
                 (w.batch > 1 ? ", or a smaller batch" : "")};
   }
-  return {false, msg, "no tp_degree on " + CompileFamily(family) + " holds it: pick a larger family"};
+  return {false, msg,
+          "no tp_degree on " + CompileFamily(family) + " holds it: pick a larger family"};
 }
 }  // namespace
 
 namespace {
 Fit CheckContext(const Workload& w, int tokens, const char* what) {
   if (w.model.context <= 0 || tokens <= w.model.context) return {};
-  return {false, std::string(what) + " " + std::to_string(tokens) + " is longer than " +
-                     w.model.name + "'s context (" + std::to_string(w.model.context) + " tokens)",
+  return {false,
+          std::string(what) + " " + std::to_string(tokens) + " is longer than " + w.model.name +
+              "'s context (" + std::to_string(w.model.context) + " tokens)",
           "keep it within " + std::to_string(w.model.context) + " tokens"};
 }
 }  // namespace
@@ -115,8 +120,9 @@ Fit CheckServe(const Catalog& c, const Workload& w, const InstanceType& t) {
   if (Fit f = CheckTpDegree(tp, t.family); !f.ok) return f;
   if (tp > Cores(t)) {
     std::string inst = SmallestWith(c, CompileFamily(t.family), tp);
-    return {false, "tp_degree " + std::to_string(tp) + " needs " + std::to_string(tp) +
-                       " NeuronCores, but " + t.name + " has " + std::to_string(Cores(t)),
+    return {false,
+            "tp_degree " + std::to_string(tp) + " needs " + std::to_string(tp) +
+                " NeuronCores, but " + t.name + " has " + std::to_string(Cores(t)),
             inst.empty() ? "lower tp_degree" : "use " + inst + ", or lower tp_degree"};
   }
   int context = w.input_tokens + w.output_tokens;
@@ -137,16 +143,19 @@ Fit CheckTrain(const Workload& w, const InstanceType& t, int count) {
             "use trn1.32xlarge (or trn1.2xlarge for small models)"};
   int cores = Cores(t);
   if (w.tp > cores)
-    return {false, "parallelism.tp " + std::to_string(w.tp) + " exceeds the " +
-                       std::to_string(cores) + " NeuronCores of " + t.name,
+    return {false,
+            "parallelism.tp " + std::to_string(w.tp) + " exceeds the " + std::to_string(cores) +
+                " NeuronCores of " + t.name,
             "use tp ≤ " + std::to_string(cores) + " or a larger instance"};
   if (t.accelerator == "trainium")
-    if (Fit f = CheckTpDegree(w.tp, t.family); !f.ok) return {false, "parallelism.tp: " + f.message, f.hint};
+    if (Fit f = CheckTpDegree(w.tp, t.family); !f.ok)
+      return {false, "parallelism.tp: " + f.message, f.hint};
   if (w.tp * w.pp > cores * count) {
     int instances = (w.tp * w.pp + cores - 1) / cores;
-    return {false, "parallelism tp " + std::to_string(w.tp) + " x pp " + std::to_string(w.pp) +
-                       " needs " + std::to_string(w.tp * w.pp) + " NeuronCores; " +
-                       std::to_string(count) + " x " + t.name + " has " + std::to_string(cores * count),
+    return {false,
+            "parallelism tp " + std::to_string(w.tp) + " x pp " + std::to_string(w.pp) + " needs " +
+                std::to_string(w.tp * w.pp) + " NeuronCores; " + std::to_string(count) + " x " +
+                t.name + " has " + std::to_string(cores * count),
             "set count: " + std::to_string(instances) + ", or lower pp"};
   }
   if (Fit f = CheckContext(w, w.seq_len, "seq_len"); !f.ok) return f;
@@ -154,9 +163,10 @@ Fit CheckTrain(const Workload& w, const InstanceType& t, int count) {
   double have = t.hbm_gib() * kGiB * count;
   if (need <= have) return {};
   int instances = static_cast<int>(std::ceil(need / (t.hbm_gib() * kGiB)));
-  return {false, w.model.name + " training needs " + GiB(need) +
-                     " of weights and optimizer state (12 bytes per parameter, sharded); " +
-                     std::to_string(count) + " x " + t.name + " has " + GiB(have),
+  return {false,
+          w.model.name + " training needs " + GiB(need) +
+              " of weights and optimizer state (12 bytes per parameter, sharded); " +
+              std::to_string(count) + " x " + t.name + " has " + GiB(have),
           "set count: " + std::to_string(instances) + " (or more)"};
 }
 
@@ -165,10 +175,10 @@ CompileOutcome PredictCompile(const Catalog& c, const Workload& w, const Instanc
   static const std::vector<std::string> kInf1Unsupported = {
       "rotary", "gqa", "swiglu", "sliding_window", "cross_attention", "groupnorm", "rmsnorm"};
   for (const auto& f : w.model.features) {
-    bool unsupported = f == "custom_op" ||
-                       (w.target == "inf1" && std::find(kInf1Unsupported.begin(),
-                                                        kInf1Unsupported.end(), f) !=
-                                                  kInf1Unsupported.end());
+    bool unsupported =
+        f == "custom_op" ||
+        (w.target == "inf1" &&
+         std::find(kInf1Unsupported.begin(), kInf1Unsupported.end(), f) != kInf1Unsupported.end());
     if (unsupported)
       return {false, "NCC_EXTP003",
               "NCC_EXTP003: operator '" + f + "' of " + w.model.name + " is not supported on " +

@@ -43,7 +43,7 @@ Fit CheckTrain(const Workload& w, const InstanceType& t, int count);
 // NeuronCore's HBM (NCC_EVRF009), or the host running out of memory. ok when it compiles.
 struct CompileOutcome {
   bool ok = true;
-  std::string code;     // "NCC_EXTP003", "NCC_EVRF009", "HOST_OOM"
+  std::string code;  // "NCC_EXTP003", "NCC_EVRF009", "HOST_OOM"
   std::string message;
   std::string hint;
 };

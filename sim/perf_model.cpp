@@ -28,8 +28,7 @@ double CoreBandwidthGBps(const InstanceType& t) {
 }
 
 double CoreTflops(const InstanceType& t) {
-  return t.cores_per_chip > 0 ? t.bf16_tflops_per_chip / t.cores_per_chip
-                              : t.bf16_tflops_per_chip;
+  return t.cores_per_chip > 0 ? t.bf16_tflops_per_chip / t.cores_per_chip : t.bf16_tflops_per_chip;
 }
 
 int CoresPerInstance(const InstanceType& t) {
@@ -39,13 +38,14 @@ int CoresPerInstance(const InstanceType& t) {
 }  // namespace
 
 double TrainingMfu(const InstanceType& t, double parameters) {
-  double best = t.accelerator == "trainium" ? (t.family == "trn2" ? 0.30 : 0.35)
-              : t.accelerator == "gpu"      ? 0.40
-              : t.accelerator == "inferentia" ? 0.10
-                                              : 0.0;
+  double best = t.accelerator == "trainium"     ? (t.family == "trn2" ? 0.30 : 0.35)
+                : t.accelerator == "gpu"        ? 0.40
+                : t.accelerator == "inferentia" ? 0.10
+                                                : 0.0;
   // Models under ~7B cannot keep the matrix engines busy: 60% of the best at 100M
   // parameters, rising with log size to the best at 7B and above.
-  double size = std::clamp(std::log10(std::max(parameters, 1e8) / 1e8) / std::log10(70.0), 0.0, 1.0);
+  double size =
+      std::clamp(std::log10(std::max(parameters, 1e8) / 1e8) / std::log10(70.0), 0.0, 1.0);
   return best * (0.6 + 0.4 * size);
 }
 
@@ -66,8 +66,8 @@ Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count, bool
   e.work_seconds = flops / (peak * e.mfu);
   e.tokens_per_second = w.tokens / e.work_seconds;
   Workload graph = w;
-  e.setup_seconds = kTrainWarmupSeconds +
-                    (first_attempt ? EstimateCompile(graph, t).work_seconds : 0.0);
+  e.setup_seconds =
+      kTrainWarmupSeconds + (first_attempt ? EstimateCompile(graph, t).work_seconds : 0.0);
   e.seconds = e.setup_seconds + e.work_seconds;
   return e;
 }
@@ -119,11 +119,15 @@ Estimate EstimateServe(const Workload& w, const InstanceType& t, int count) {
 
 Estimate EstimateStage(const Workload& w, const InstanceType& t, int count, bool first_attempt) {
   switch (w.kind) {
-    case StageKind::kTrain: return EstimateTrain(w, t, count, first_attempt);
-    case StageKind::kCompile: return EstimateCompile(w, t);
+    case StageKind::kTrain:
+      return EstimateTrain(w, t, count, first_attempt);
+    case StageKind::kCompile:
+      return EstimateCompile(w, t);
     case StageKind::kDeploy:
-    case StageKind::kBenchmark: return EstimateServe(w, t, count);
-    case StageKind::kRun: break;
+    case StageKind::kBenchmark:
+      return EstimateServe(w, t, count);
+    case StageKind::kRun:
+      break;
   }
   return {};
 }
@@ -133,8 +137,11 @@ Estimate EstimateStage(const Workload& w, const InstanceType& t, int count, bool
 namespace trnflow::sim {
 double SpotInterruptionsPerHour(const InstanceType& t) {
   const std::string& b = t.spot_interruption_bucket;
-  double monthly = b == "<5%" ? 0.025 : b == "5-10%" ? 0.075 : b == "10-15%" ? 0.125
-                 : b == "15-20%" ? 0.175 : 0.25;
+  double monthly = b == "<5%"      ? 0.025
+                   : b == "5-10%"  ? 0.075
+                   : b == "10-15%" ? 0.125
+                   : b == "15-20%" ? 0.175
+                                   : 0.25;
   return -std::log(1.0 - monthly) / 730.0;
 }
 }  // namespace trnflow::sim
@@ -165,13 +172,15 @@ Metrics StageMetrics(const Workload& w, const InstanceType& t, int count) {
       int tp = std::max(1, w.tp_degree);
       int cores = t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips;
       int replicas = std::max(1, cores / tp);
-      double per_replica = WeightBytes(w.model) +
-                           KvCacheBytes(w.model, std::max(1, w.batch), w.input_tokens + w.output_tokens);
+      double per_replica = WeightBytes(w.model) + KvCacheBytes(w.model, std::max(1, w.batch),
+                                                               w.input_tokens + w.output_tokens);
       m.hbm_used_gib = std::min(m.hbm_total_gib, replicas * per_replica / kGiB);
       // Decode is memory bound: the engines idle while weights stream in.
       double compute_ms = 2.0 * w.model.parameters * std::max(1, w.batch) /
-                          (tp * t.bf16_tflops_per_chip / std::max(1, t.cores_per_chip) * 1e12) * 1e3;
-      m.neuroncore_utilization = e.ms_per_token > 0 ? std::min(1.0, 0.1 + compute_ms / e.ms_per_token) : 0;
+                          (tp * t.bf16_tflops_per_chip / std::max(1, t.cores_per_chip) * 1e12) *
+                          1e3;
+      m.neuroncore_utilization =
+          e.ms_per_token > 0 ? std::min(1.0, 0.1 + compute_ms / e.ms_per_token) : 0;
       break;
     }
     default:

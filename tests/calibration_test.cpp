@@ -11,9 +11,7 @@
 namespace trnflow {
 namespace {
 
-YAML::Node Targets() {
-  return YAML::LoadFile(TRNFLOW_SOURCE_DIR "/sim/calibration/targets.yaml");
-}
+YAML::Node Targets() { return YAML::LoadFile(TRNFLOW_SOURCE_DIR "/sim/calibration/targets.yaml"); }
 
 // The first stage of `trnflow plan --format json` for a one-stage pipeline.
 nlohmann::json PlanOf(const std::string& name, const std::string& stage_yaml) {
@@ -27,9 +25,8 @@ nlohmann::json PlanOf(const std::string& name, const std::string& stage_yaml) {
 }
 
 void ExpectWithin(double got, double want, double tolerance, const std::string& what) {
-  EXPECT_NEAR(got, want, want * tolerance)
-      << what << ": model " << got << ", published " << want << " (tolerance "
-      << tolerance * 100 << "%)";
+  EXPECT_NEAR(got, want, want * tolerance) << what << ": model " << got << ", published " << want
+                                           << " (tolerance " << tolerance * 100 << "%)";
 }
 
 }  // namespace
@@ -37,13 +34,14 @@ void ExpectWithin(double got, double want, double tolerance, const std::string& 
 TEST(Calibration, TrainingThroughputPerNode) {
   for (const auto& row : Targets()["training"]) {
     int nodes = row["nodes"].as<int>();
-    auto stage = PlanOf("cal-train",
-                        "  train:\n    kind: train\n    instance: " + row["instance"].as<std::string>() +
-                            "\n    count: " + std::to_string(nodes) +
-                            "\n    model: " + row["model"].as<std::string>() +
-                            "\n    tokens: 1e11\n    seq_len: " + row["seq_len"].as<std::string>() +
-                            "\n    parallelism: {tp: 8}\n    market: spot\n"
-                            "    checkpoint: {every: 1h}\n");
+    auto stage =
+        PlanOf("cal-train",
+               "  train:\n    kind: train\n    instance: " + row["instance"].as<std::string>() +
+                   "\n    count: " + std::to_string(nodes) +
+                   "\n    model: " + row["model"].as<std::string>() +
+                   "\n    tokens: 1e11\n    seq_len: " + row["seq_len"].as<std::string>() +
+                   "\n    parallelism: {tp: 8}\n    market: spot\n"
+                   "    checkpoint: {every: 1h}\n");
     ExpectWithin(stage["tokens_per_second"].get<double>() / nodes,
                  row["tokens_per_second_per_node"].as<double>(), row["tolerance"].as<double>(),
                  row["model"].as<std::string>() + " training tokens/s per node");
@@ -53,13 +51,14 @@ TEST(Calibration, TrainingThroughputPerNode) {
 TEST(Calibration, InferenceLatencyAndThroughput) {
   for (const auto& row : Targets()["inference"]) {
     std::string model = row["model"].as<std::string>();
-    auto stage = PlanOf("cal-serve",
-                        "  serve:\n    kind: deploy\n    instance: inf2.48xlarge\n    market: spot\n"
-                        "    tp_degree: 24\n    model: " + model +
-                            "\n    batch: " + row["batch"].as<std::string>() +
-                            "\n    input_tokens: " + row["input_tokens"].as<std::string>() +
-                            "\n    output_tokens: 128\n    requests: 1000\n"
-                            "    checkpoint: {every: 1h}\n");
+    auto stage =
+        PlanOf("cal-serve",
+               "  serve:\n    kind: deploy\n    instance: inf2.48xlarge\n    market: spot\n"
+               "    tp_degree: 24\n    model: " +
+                   model + "\n    batch: " + row["batch"].as<std::string>() +
+                   "\n    input_tokens: " + row["input_tokens"].as<std::string>() +
+                   "\n    output_tokens: 128\n    requests: 1000\n"
+                   "    checkpoint: {every: 1h}\n");
     double tol = row["tolerance"].as<double>();
     if (row["ms_per_token"])
       ExpectWithin(stage["ms_per_token"].get<double>(), row["ms_per_token"].as<double>(), tol,
@@ -79,7 +78,8 @@ TEST(Calibration, CompileMinutes) {
     auto stage = PlanOf("cal-compile",
                         "  compile:\n    kind: compile\n    target: inf2\n"
                         "    instance: trn1.32xlarge\n    tp_degree: 24\n    seq_len: 512\n"
-                        "    model: " + model + "\n");
+                        "    model: " +
+                            model + "\n");
     double minutes = stage["hours"].get<double>() * 60;
     if (row["minutes"].IsSequence()) {
       EXPECT_GE(minutes, row["minutes"][0].as<double>()) << row["case"].as<std::string>();
@@ -92,17 +92,23 @@ TEST(Calibration, CompileMinutes) {
 
 TEST(Calibration, MemoryRulesOfTheTargetsHold) {
   // "llama-2-70b training needs ... at least 2 x trn1.32xlarge"
-  auto one = testing::RunTrnflow("validate " + testing::WriteTempFile("cal-70b.yaml",
-      "pipeline: cal\nproject: calibration\nstages:\n  t:\n    kind: train\n"
-      "    instance: trn1.32xlarge\n    count: 1\n    model: llama-2-70b\n    tokens: 1e9\n"
-      "    parallelism: {tp: 32}\n"));
+  auto one = testing::RunTrnflow(
+      "validate " +
+      testing::WriteTempFile(
+          "cal-70b.yaml",
+          "pipeline: cal\nproject: calibration\nstages:\n  t:\n    kind: train\n"
+          "    instance: trn1.32xlarge\n    count: 1\n    model: llama-2-70b\n    tokens: 1e9\n"
+          "    parallelism: {tp: 32}\n"));
   EXPECT_EQ(one.exit_code, 2);
   EXPECT_NE(one.err.find("set count: 2"), std::string::npos) << one.err;
   // "llama-2-7b inference fits on one inf2 chip (2 NeuronCores, 32 GiB)"
-  auto fits = testing::RunTrnflow("validate " + testing::WriteTempFile("cal-7b.yaml",
-      "pipeline: cal\nproject: calibration\nstages:\n  s:\n    kind: deploy\n"
-      "    instance: inf2.xlarge\n    tp_degree: 2\n    model: llama-2-7b\n    batch: 1\n"
-      "    input_tokens: 128\n    output_tokens: 128\n    requests: 10\n"));
+  auto fits = testing::RunTrnflow(
+      "validate " +
+      testing::WriteTempFile(
+          "cal-7b.yaml",
+          "pipeline: cal\nproject: calibration\nstages:\n  s:\n    kind: deploy\n"
+          "    instance: inf2.xlarge\n    tp_degree: 2\n    model: llama-2-7b\n    batch: 1\n"
+          "    input_tokens: 128\n    output_tokens: 128\n    requests: 10\n"));
   EXPECT_EQ(fits.exit_code, 0) << fits.err;
 }
 

@@ -1,5 +1,7 @@
 // The catalog and the engine against a real PostgreSQL: submission, claims, fencing, the
 // rescuer, and whole runs executed by in-process workers and a scheduler.
+#include "schema/catalog.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include "common/error.h"
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
-#include "schema/catalog.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "tests/test_db.h"
@@ -41,9 +42,10 @@ bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "run
 
 // A wide DAG: one root, `width` parallel sim stages, one fan-in.
 std::string FanOut(int width) {
-  std::string y = "pipeline: fan\nproject: lab\nstages:\n  root:\n    run: [\"true\"]\n"
-                  "  work:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
-                  "    instance: trn1.2xlarge\n    model: bert-large\n    matrix: {i: [";
+  std::string y =
+      "pipeline: fan\nproject: lab\nstages:\n  root:\n    run: [\"true\"]\n"
+      "  work:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
+      "    instance: trn1.2xlarge\n    model: bert-large\n    matrix: {i: [";
   for (int i = 0; i < width; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}\n  join:\n    run: [\"true\"]\n    needs: [work]\n";
   return y;
@@ -91,7 +93,8 @@ TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
   EXPECT_EQ(by["join"].needs.size(), 5u);
   EXPECT_EQ(by["join"].needs[0], "work[i=0]");
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
-                         "s.id = d.stage_id WHERE s.run_id = " + std::to_string(run)),
+                         "s.id = d.stage_id WHERE s.run_id = " +
+                         std::to_string(run)),
             "10");
   // The same text submitted twice is stored once.
   int64_t again = c.SubmitRun(p, Fast());
@@ -160,13 +163,15 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
       "    model: bert-large\n    retry: {backoff: {initial: 1s}}\n");
   int64_t run = c.SubmitRun(p, Fast());
   // A worker that claims and then dies: its lease runs out.
-  auto claimed = c.ClaimReadyStages("trn1", 1, "00000000-0000-4000-8000-0000000000de", "dead:1", 0.2);
+  auto claimed =
+      c.ClaimReadyStages("trn1", 1, "00000000-0000-4000-8000-0000000000de", "dead:1", 0.2);
   ASSERT_EQ(claimed.size(), 1u);
   scheduler::Scheduler sched(SchedOpts());
   workers::Worker worker(WorkerOpts({{"trn1", 2}}));
   sched.Start();
-  ASSERT_TRUE(WaitFor([&] { return c.GetAttempts(run).size() >= 1 &&
-                                   c.GetAttempts(run)[0].outcome == "lost"; }, 10));
+  ASSERT_TRUE(WaitFor(
+      [&] { return c.GetAttempts(run).size() >= 1 && c.GetAttempts(run)[0].outcome == "lost"; },
+      10));
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 20));
   EXPECT_EQ(RunState(c, run), "succeeded");
@@ -389,13 +394,16 @@ TEST(Engine, RunStageResumesFromItsCheckpointAfterASpotInterruption) {
   std::map<int, int> done;
   while (std::getline(in, line)) {
     int n;
-    if (std::sscanf(line.c_str(), "attempt %*d starts at step %d", &n) == 1) starts.push_back(n);
-    else if (std::sscanf(line.c_str(), "step %d", &n) == 1) done[n]++;
+    if (std::sscanf(line.c_str(), "attempt %*d starts at step %d", &n) == 1)
+      starts.push_back(n);
+    else if (std::sscanf(line.c_str(), "step %d", &n) == 1)
+      done[n]++;
   }
   ASSERT_GE(starts.size(), 2u);
   for (size_t i = 1; i < starts.size(); ++i) EXPECT_GE(starts[i], starts[i - 1]);
   EXPECT_GT(starts.back(), 0) << "the last attempt resumed from scratch";
-  for (int step = 1; step <= 40; ++step) EXPECT_GE(done[step], 1) << "step " << step << " never ran";
+  for (int step = 1; step <= 40; ++step)
+    EXPECT_GE(done[step], 1) << "step " << step << " never ran";
 }
 
 // A 48-simulated-hour spot training survives several interruptions, then spends its
@@ -430,7 +438,8 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
     EXPECT_GE(a.progress_from, previous - 1e-9) << "progress went back past a checkpoint";
     previous = a.progress_to;
     if (a.attempt <= 3) {
-      EXPECT_TRUE(a.outcome == "spot_interruption" || a.outcome == "capacity_unavailable") << a.outcome;
+      EXPECT_TRUE(a.outcome == "spot_interruption" || a.outcome == "capacity_unavailable")
+          << a.outcome;
       EXPECT_EQ(a.market, "spot");
       if (a.outcome != "spot_interruption") continue;
       // Waste = the attempt's work beyond what its last checkpoint kept, at its price.
@@ -446,9 +455,11 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
     }
   }
   std::string r = std::to_string(run);
-  EXPECT_EQ(c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r),
-            c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
-                         "AND run_id = " + r));
+  EXPECT_EQ(
+      c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r),
+      c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
+                   "AND run_id = " +
+                   r));
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
@@ -475,7 +486,8 @@ TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
             "122");
   if (GetParam() > 1) {
     EXPECT_GT(std::stoi(c.QueryValue("SELECT count(DISTINCT worker_id) FROM trnflow.attempts "
-                                     "WHERE run_id = " + r)),
+                                     "WHERE run_id = " +
+                                     r)),
               1);
   }
 }

@@ -2,13 +2,12 @@
 // daemons killed with SIGKILL while a 2,003-stage DAG runs, a worker frozen past its lease,
 // and the PostgreSQL server restarted mid-run. The catalog must stay consistent: every stage
 // succeeds exactly once, no two attempts of a stage overlap, every lost attempt is recorded.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fcntl.h>
 
 #include <filesystem>
 #include <fstream>
@@ -108,7 +107,8 @@ std::string RunState(int64_t run) {
 void ExpectConsistent(int64_t run, int stages) {
   std::string r = std::to_string(run);
   EXPECT_EQ(RunState(run), "succeeded");
-  EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r), std::to_string(stages));
+  EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r),
+            std::to_string(stages));
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages s WHERE run_id = " + r +
                   " AND (SELECT count(*) FROM trnflow.attempts a WHERE a.stage_id = s.id"
                   " AND a.outcome = 'succeeded') <> 1"),
@@ -120,7 +120,8 @@ void ExpectConsistent(int64_t run, int stages) {
       << "every attempt must be closed with an outcome";
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.attempts a JOIN trnflow.attempts b"
                   " ON a.stage_id = b.stage_id AND a.attempt < b.attempt"
-                  " WHERE a.run_id = " + r + " AND b.started_at < a.finished_at"),
+                  " WHERE a.run_id = " +
+                  r + " AND b.started_at < a.finished_at"),
             "0")
       << "two attempts of one stage overlap in time";
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages s WHERE run_id = " + r +
@@ -157,12 +158,14 @@ std::string BigDag() {
 
 std::unique_ptr<Daemon> Worker(int i, const std::string& lease = "2",
                                const std::string& pool = "trn1=16") {
-  return std::make_unique<Daemon>("worker" + std::to_string(i),
-                                  std::vector<std::string>{"worker", "--pool", pool, "--lease", lease});
+  return std::make_unique<Daemon>(
+      "worker" + std::to_string(i),
+      std::vector<std::string>{"worker", "--pool", pool, "--lease", lease});
 }
 
 std::unique_ptr<Daemon> Scheduler(int i) {
-  return std::make_unique<Daemon>("scheduler" + std::to_string(i), std::vector<std::string>{"scheduler"});
+  return std::make_unique<Daemon>("scheduler" + std::to_string(i),
+                                  std::vector<std::string>{"scheduler"});
 }
 
 // The scheduler process holding the leader lock, by the application_name its connections carry.
@@ -203,7 +206,8 @@ TEST(Chaos, KillingWorkersAndTheLeaderLosesNothing) {
         }
     }
   }
-  ASSERT_NE(RunState(run), "running") << "the run did not finish in 4 minutes; logs in " << LogDir();
+  ASSERT_NE(RunState(run), "running")
+      << "the run did not finish in 4 minutes; logs in " << LogDir();
   std::cout << "killed " << worker_kills << " workers and " << leader_kills << " leaders; "
             << Query("SELECT count(*) FROM trnflow.attempts WHERE outcome = 'lost' AND run_id = " +
                      std::to_string(run))
@@ -229,39 +233,51 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   auto frozen = Worker(10, "1.5");
   frozen->Start();
   std::string r = std::to_string(run);
-  ASSERT_TRUE(WaitFor([&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "1"; }, 20));
+  ASSERT_TRUE(WaitFor(
+      [&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "1"; },
+      20));
   frozen->Kill(SIGSTOP);
   // Its lease runs out; the scheduler records the attempt as lost.
-  ASSERT_TRUE(WaitFor([&] {
-    return Query("SELECT outcome FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r) == "lost";
-  }, 20));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Query("SELECT outcome FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r) ==
+               "lost";
+      },
+      20));
   auto healthy = Worker(11);
   healthy->Start();
-  ASSERT_TRUE(WaitFor([&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "2"; }, 20));
+  ASSERT_TRUE(WaitFor(
+      [&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "2"; },
+      20));
   // The frozen worker wakes with an attempt it no longer owns, past its stage's end.
   frozen->Kill(SIGCONT);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 30));
   std::this_thread::sleep_for(std::chrono::seconds(2));  // let the stale worker try to write
   ExpectConsistent(run, 1);
-  EXPECT_EQ(Query("SELECT outcome FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r), "lost");
-  EXPECT_EQ(Query("SELECT (SELECT worker_id FROM trnflow.attempts WHERE attempt = 2 AND run_id = " +
-                  r + ") <> (SELECT worker_id FROM trnflow.attempts WHERE attempt = 1 AND run_id = " +
-                  r + ")"),
-            "t")
+  EXPECT_EQ(Query("SELECT outcome FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r),
+            "lost");
+  EXPECT_EQ(
+      Query("SELECT (SELECT worker_id FROM trnflow.attempts WHERE attempt = 2 AND run_id = " + r +
+            ") <> (SELECT worker_id FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r +
+            ")"),
+      "t")
       << "the result must be the healthy worker's";
   std::ifstream log(LogDir() + "/worker10.log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(text.find("lease lost") != std::string::npos ||
               text.find("stale") != std::string::npos)
-      << "the frozen worker should have noticed it lost the lease:\n" << text;
+      << "the frozen worker should have noticed it lost the lease:\n"
+      << text;
 }
 
 TEST(Chaos, RunSurvivesAPostgresRestart) {
-  if (geteuid() != 0) GTEST_SKIP() << "restarting the local PostgreSQL needs root (CI runs as root)";
+  if (geteuid() != 0)
+    GTEST_SKIP() << "restarting the local PostgreSQL needs root (CI runs as root)";
   setenv("TRNFLOW_HOME", Home().c_str(), 1);
-  std::string y = "pipeline: restart\nproject: chaos\nstages:\n"
-                  "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
-                  "matrix: {i: [";
+  std::string y =
+      "pipeline: restart\nproject: chaos\nstages:\n"
+      "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
+      "matrix: {i: [";
   for (int i = 0; i < 200; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}}\n  b: {kind: compile, needs: [a], target: inf2, instance: trn1.2xlarge, "
        "model: bert-large, matrix: {i: [";
@@ -273,9 +289,13 @@ TEST(Chaos, RunSurvivesAPostgresRestart) {
   std::vector<std::unique_ptr<Daemon>> workers;
   for (int i = 0; i < 2; ++i) workers.push_back(Worker(20 + i, "5")), workers.back()->Start();
   std::string r = std::to_string(run);
-  ASSERT_TRUE(WaitFor([&] {
-    return std::stoi(Query("SELECT count(*) FROM trnflow.stages WHERE state = 'succeeded' AND run_id = " + r)) > 20;
-  }, 30));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return std::stoi(Query(
+                   "SELECT count(*) FROM trnflow.stages WHERE state = 'succeeded' AND run_id = " +
+                   r)) > 20;
+      },
+      30));
   ASSERT_EQ(std::system("pg_ctlcluster 15 main restart -m fast >/dev/null 2>&1"), 0);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 120)) << "logs in " << LogDir();
   ExpectConsistent(run, 400);
@@ -291,10 +311,12 @@ TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
   worker->Start();
   int64_t quick = Submit(
       "pipeline: leftovers\nproject: chaos\nstages:\n"
-      "  s:\n    run: \"sleep 301.25 & echo started\"\n    shell: true\n", 1);
+      "  s:\n    run: \"sleep 301.25 & echo started\"\n    shell: true\n",
+      1);
   ASSERT_TRUE(WaitFor([&] { return RunState(quick) != "running"; }, 20));
   EXPECT_EQ(RunState(quick), "succeeded");
-  EXPECT_NE(std::system("pgrep -f 'sleep 30[1].25' >/dev/null"), 0) << "the background child outlived its stage";
+  EXPECT_NE(std::system("pgrep -f 'sleep 30[1].25' >/dev/null"), 0)
+      << "the background child outlived its stage";
 
   int64_t slow = Submit(
       "pipeline: orphan\nproject: chaos\nstages:\n  s:\n    run: [\"sleep\", \"302.5\"]\n", 1);
@@ -302,7 +324,8 @@ TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
   worker->Kill(SIGKILL);
   EXPECT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 30[2].5' >/dev/null") != 0; }, 5))
       << "the job outlived its worker";
-  Query("UPDATE trnflow.runs SET state = 'cancelled' WHERE id = " + std::to_string(slow) + " RETURNING 1");
+  Query("UPDATE trnflow.runs SET state = 'cancelled' WHERE id = " + std::to_string(slow) +
+        " RETURNING 1");
 }
 
 }  // namespace trnflow

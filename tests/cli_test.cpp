@@ -84,8 +84,8 @@ TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
 TEST(Cli, ClimateRunSurvivesASpotInterruptionAtTheDefaultSeed) {
   Result r = Trnflow("run examples/climate/pipeline.yaml --speed 200000");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  auto j = nlohmann::json::parse(Trnflow("show " + std::to_string(RunIdFrom(r.out)) +
-                                         " --stage train --format json").out);
+  auto j = nlohmann::json::parse(
+      Trnflow("show " + std::to_string(RunIdFrom(r.out)) + " --stage train --format json").out);
   EXPECT_EQ(j["run"]["state"], "succeeded");
   ASSERT_EQ(j["stages"].size(), 1u);
   const auto& attempts = j["stages"][0]["attempts"];
@@ -107,13 +107,16 @@ TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
       << r.err;
   EXPECT_NE(r.err.find("--force"), std::string::npos);
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), before);
-  Result forced = Trnflow("submit examples/climate/pipeline.yaml --project tight --force --format json");
+  Result forced =
+      Trnflow("submit examples/climate/pipeline.yaml --project tight --force --format json");
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_NE(forced.out.find("run_id"), std::string::npos);
   Result ls = Trnflow("budget ls --format json");
   EXPECT_NE(ls.out.find("\"project\": \"tight\""), std::string::npos) << ls.out;
   // The forced run never started (no daemons here): cancel it so nothing lingers.
-  EXPECT_EQ(Trnflow("cancel " + nlohmann::json::parse(forced.out)["run_id"].get<std::string>()).exit_code, 0);
+  EXPECT_EQ(
+      Trnflow("cancel " + nlohmann::json::parse(forced.out)["run_id"].get<std::string>()).exit_code,
+      0);
 }
 
 TEST(Cli, SpendEqualsTheViewsToTheCent) {
@@ -128,13 +131,15 @@ TEST(Cli, SpendEqualsTheViewsToTheCent) {
   for (const auto& row : rows) {
     std::string view = c.QueryValue(
         "SELECT round(cost_usd, 2)::text FROM trnflow.spend_by_stage WHERE project = "
-        "'spend-check' AND stage = '" + row["stage"].get<std::string>() + "'");
+        "'spend-check' AND stage = '" +
+        row["stage"].get<std::string>() + "'");
     char mine[32];
     std::snprintf(mine, sizeof mine, "%.2f", row["cost_usd"].get<double>());
     EXPECT_EQ(view, mine) << row.dump();
   }
   Result csv = Trnflow("spend --project spend-check --by month,market --format csv");
-  EXPECT_EQ(csv.out.rfind("month,market,attempts,billed_hours,cost_usd,wasted_usd,saved_usd\n", 0), 0u)
+  EXPECT_EQ(csv.out.rfind("month,market,attempts,billed_hours,cost_usd,wasted_usd,saved_usd\n", 0),
+            0u)
       << csv.out;
   EXPECT_EQ(Trnflow("spend --by colour").exit_code, 2);
   EXPECT_EQ(Trnflow("spend --since yesterday").exit_code, 2);
@@ -147,8 +152,8 @@ TEST(Cli, FailingStageFailsTheRunWithExitOne) {
                                "  b:\n    run: [\"true\"]\n    needs: [a]\n");
   Result r = Trnflow("run " + file);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  auto show = nlohmann::json::parse(Trnflow("show " + std::to_string(RunIdFrom(r.out)) +
-                                            " --format json").out);
+  auto show = nlohmann::json::parse(
+      Trnflow("show " + std::to_string(RunIdFrom(r.out)) + " --format json").out);
   EXPECT_EQ(show["run"]["state"], "failed");
   EXPECT_EQ(show["stages"][0]["state"], "failed");
   EXPECT_EQ(show["stages"][1]["state"], "skipped");
@@ -201,7 +206,8 @@ TEST(Cli, ValidateAndPlanTheExample) {
 // Hostile files end promptly with exit 2 and a message: never a crash or a hang. (`timeout`
 // turns a hang into exit 124; the limit is generous so a slow machine is not a failure.)
 TEST(Cli, HostileFilesAreRefusedNotFatal) {
-  std::string bomb = "pipeline: bomb\nproject: lab\nparams:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  std::string bomb =
+      "pipeline: bomb\nproject: lab\nparams:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
   for (int i = 1; i < 12; ++i) {
     bomb += "  a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
     for (int k = 0; k < 10; ++k) bomb += (k ? ", *a" : "*a") + std::to_string(i - 1);
@@ -214,16 +220,20 @@ TEST(Cli, HostileFilesAreRefusedNotFatal) {
   for (int i = 0; i < 20000; ++i) deep_maps += "{a: ";
   deep_maps += "1" + std::string(20000, '}') + "\n";
   std::string big = "pipeline: big\nproject: lab\nstages:\n";
-  while (big.size() < 20u << 20) big += "  s" + std::to_string(big.size()) + ":\n    run: [\"true\"]\n";
+  while (big.size() < 20u << 20)
+    big += "  s" + std::to_string(big.size()) + ":\n    run: [\"true\"]\n";
   std::string garbage;
   uint64_t x = 88172645463325252ULL;
   for (int i = 0; i < 1 << 20; ++i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     garbage += static_cast<char>(x & 0xFF);
   }
-  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
-           {"bomb.yaml", bomb}, {"deep.yaml", deep}, {"deep-maps.yaml", deep_maps},
-           {"big.yaml", big}, {"garbage.yaml", garbage}}) {
+  for (const auto& [name, text] :
+       std::vector<std::pair<std::string, std::string>>{{"bomb.yaml", bomb},
+                                                        {"deep.yaml", deep},
+                                                        {"deep-maps.yaml", deep_maps},
+                                                        {"big.yaml", big},
+                                                        {"garbage.yaml", garbage}}) {
     std::string file = WriteTemp(name, text);
     Result r = Trnflow("validate " + file, "timeout 60");
     EXPECT_EQ(r.exit_code, 2) << name << ": " << r.err.substr(0, 500);

@@ -13,7 +13,8 @@ namespace trnflow::testing {
 CliResult RunTrnflow(const std::string& args, const std::string& env) {
   static int n = 0;
   auto tmp = std::filesystem::temp_directory_path();
-  std::string err_file = tmp / ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
+  std::string err_file =
+      tmp / ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
   std::string home = tmp / ("trnflow-cli-home-" + std::to_string(getpid()));
   std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
                     TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";

@@ -31,7 +31,9 @@ const char* kSmall =
 
 schema::SubmitOptions Fast(double speed = 1e6) { return testing::FastSubmit(speed); }
 
-workers::WorkerOptions WorkerOpts() { return testing::TestWorkerOptions({{"trn1", 4}, {"cpu", 2}}); }
+workers::WorkerOptions WorkerOpts() {
+  return testing::TestWorkerOptions({{"trn1", 4}, {"cpu", 2}});
+}
 
 scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions(); }
 
@@ -63,10 +65,14 @@ TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
   int64_t run = RunToEnd(c, MustParse(kSmall, "agree"));
   ASSERT_EQ(c.GetRun(run)->state, "succeeded");
   std::string r = std::to_string(run);
-  std::string ledger = c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
+  std::string ledger =
+      c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
   EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_run WHERE run_id = " + r), ledger);
-  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_daily WHERE project = 'agree'"), ledger);
-  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_by_stage WHERE project = 'agree'"), ledger);
+  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_daily WHERE project = 'agree'"),
+            ledger);
+  EXPECT_EQ(
+      c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_by_stage WHERE project = 'agree'"),
+      ledger);
   Money ledger_money;
   ASSERT_TRUE(Money::Parse(ledger, &ledger_money));
   // The report, by stage, from the rollup, and by run, from the ledger itself.
@@ -74,7 +80,8 @@ TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
   for (const auto& row : c.Spend({"agree", "", "", "", {"stage"}})) {
     by_stage += row.cost;
     EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_stage WHERE project = 'agree' "
-                           "AND stage = '" + row.keys[0] + "'"),
+                           "AND stage = '" +
+                           row.keys[0] + "'"),
               row.cost.ToDecimal())
         << row.keys[0];
   }
@@ -108,21 +115,25 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
 
   schema::Catalog alice(UrlAs("trnflow_test_alice", "pw"));
   const std::vector<std::string> by_project = {
-      "runs", "spend_rollup", "budgets", "attempt_ledger", "stage_status", "run_status",
-      "spend_daily", "spend_by_stage", "spend_by_run", "spend_by_instance", "spot_savings",
-      "interruption_waste", "cache_savings", "gpu_baseline"};
+      "runs",         "spend_rollup",       "budgets",        "attempt_ledger", "stage_status",
+      "run_status",   "spend_daily",        "spend_by_stage", "spend_by_run",   "spend_by_instance",
+      "spot_savings", "interruption_waste", "cache_savings",  "gpu_baseline"};
   for (const auto& t : by_project) {
-    EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"), "0") << t;
+    EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"),
+              "0")
+        << t;
   }
   EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
   // Rows that hang off runs: only alpha's.
   for (const auto& t : {"stages", "attempts", "events"})
     EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
                                " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
-              "0") << t;
+              "0")
+        << t;
   EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.pipelines"), "1");
   EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.projects"), "1");
-  EXPECT_ANY_THROW(alice.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
+  EXPECT_ANY_THROW(
+      alice.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
   EXPECT_ANY_THROW(alice.QueryValue("UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
   EXPECT_ANY_THROW(alice.QueryValue("DELETE FROM trnflow.attempts RETURNING 1"));
 

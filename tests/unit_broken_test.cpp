@@ -27,8 +27,8 @@ TEST_P(BrokenPipeline, IsRejectedWithALocatedError) {
     EXPECT_GT(d.loc.line, 0) << path << ": error without a place in the file: " << d.message;
     text += d.message + "\n" + d.hint + "\n";
   }
-  EXPECT_NE(text.find(expect), std::string::npos)
-      << path << "\nexpected: " << expect << "\ngot:\n" << r.diagnostics.Format();
+  EXPECT_NE(text.find(expect), std::string::npos) << path << "\nexpected: " << expect << "\ngot:\n"
+                                                  << r.diagnostics.Format();
 }
 
 std::vector<std::string> BrokenFiles() {

@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "common/duration.h"
-#include "common/money.h"
 #include "common/env.h"
+#include "common/money.h"
 
 namespace trnflow {
 

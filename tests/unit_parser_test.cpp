@@ -54,7 +54,8 @@ stages:
 }  // namespace
 
 TEST(Parser, ParsesTheClimateExample) {
-  auto r = LoadPipelineFile(std::string(TRNFLOW_SOURCE_DIR) + "/examples/climate/pipeline.yaml", {});
+  auto r =
+      LoadPipelineFile(std::string(TRNFLOW_SOURCE_DIR) + "/examples/climate/pipeline.yaml", {});
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
   const Pipeline& p = *r.pipeline;
   EXPECT_EQ(p.name, "climate-forecast");
@@ -81,10 +82,9 @@ TEST(Parser, ExpandsMatrixWithSortedKeysAndSubstitutesValues) {
   std::vector<std::string> names;
   for (const auto& s : r.pipeline->stages)
     if (s.base_name == "compile") names.push_back(s.spec.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"compile[batch=1,seq_len=128]",
-                                             "compile[batch=1,seq_len=256]",
-                                             "compile[batch=8,seq_len=128]",
-                                             "compile[batch=8,seq_len=256]"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "compile[batch=1,seq_len=128]", "compile[batch=1,seq_len=256]",
+                       "compile[batch=8,seq_len=128]", "compile[batch=8,seq_len=256]"}));
   const Stage* c = r.pipeline->Find("compile[batch=8,seq_len=256]");
   EXPECT_EQ(c->workload->batch, 8);
   EXPECT_EQ(c->workload->seq_len, 256);
@@ -119,7 +119,8 @@ TEST(Parser, UnknownFieldIsLocatedWithDidYouMean) {
   text.replace(text.find("    needs: [prep]"), 17, "    neds: [prep]");
   auto r = Parse(text);
   std::string out = r.diagnostics.Format();
-  EXPECT_NE(out.find("p.yaml:10:5: error: unknown field 'neds' in stage 'train'"), std::string::npos)
+  EXPECT_NE(out.find("p.yaml:10:5: error: unknown field 'neds' in stage 'train'"),
+            std::string::npos)
       << out;
   EXPECT_NE(out.find("  hint: did you mean 'needs'?"), std::string::npos) << out;
 }
@@ -134,7 +135,8 @@ TEST(Parser, UnknownNeedsAndInstanceAndModelGetHints) {
   EXPECT_EQ(r.diagnostics.error_count(), 3) << out;
   EXPECT_NE(out.find("needs unknown stage 'prepp'"), std::string::npos) << out;
   EXPECT_NE(out.find("did you mean 'prep'?"), std::string::npos) << out;
-  EXPECT_NE(out.find("p.yaml:11:15: error: unknown instance type 'trn1.32xlarg'"), std::string::npos)
+  EXPECT_NE(out.find("p.yaml:11:15: error: unknown instance type 'trn1.32xlarg'"),
+            std::string::npos)
       << out;
   EXPECT_NE(out.find("did you mean 'trn1.32xlarge'?"), std::string::npos) << out;
   EXPECT_NE(out.find("unknown model 'llama-2-7'"), std::string::npos) << out;
@@ -161,10 +163,12 @@ stages:
 }
 
 TEST(Parser, SelfDependencyAndDuplicateStages) {
-  auto self = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n    needs: [a]\n");
+  auto self =
+      Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n    needs: [a]\n");
   EXPECT_NE(OnlyError(self).find("p.yaml:6:13: error: stage 'a' needs itself"), std::string::npos);
   auto dup = Parse(
-      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n  a:\n    run: [\"false\"]\n");
+      "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n  a:\n    run: "
+      "[\"false\"]\n");
   EXPECT_NE(OnlyError(dup).find("p.yaml:6:3: error: duplicate stage name 'a'"), std::string::npos)
       << dup.diagnostics.Format();
 }
@@ -207,7 +211,8 @@ TEST(Parser, NumbersMustBeFiniteAndInRange) {
   text.replace(text.find("    needs: [prep]"), 17, "    needs: [prep]\n    count: 0");
   EXPECT_NE(OnlyError(Parse(text)).find("count must be between 1 and 512"), std::string::npos);
   text = kSmall;
-  text.replace(text.find("    needs: [prep]"), 17, "    needs: [prep]\n    count: 99999999999999999999");
+  text.replace(text.find("    needs: [prep]"), 17,
+               "    needs: [prep]\n    count: 99999999999999999999");
   EXPECT_FALSE(Parse(text).pipeline);
 }
 
@@ -229,7 +234,8 @@ TEST(Parser, RunStringsSplitIntoArgvUnlessShell) {
 }
 
 TEST(Parser, RunExpressionsAreKeptForRunTime) {
-  auto r = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"ls\", \"${{run.dir}}/d\"]\n");
+  auto r =
+      Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"ls\", \"${{run.dir}}/d\"]\n");
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
   std::string arg = r.pipeline->Find("a")->spec.command.argv[1];
   EXPECT_EQ(arg, "${{ run.dir }}/d");
@@ -272,8 +278,8 @@ TEST(Plan, TotalsAreTheSumOfStagesAndTheCriticalPath) {
     if (s.kind == "compile") longest_compile = std::max(longest_compile, s.hours);
   }
   EXPECT_EQ(sum, plan.total_cost);
-  double path = plan.stages[0].hours + plan.stages[1].hours + longest_compile +
-                plan.stages.back().hours;
+  double path =
+      plan.stages[0].hours + plan.stages[1].hours + longest_compile + plan.stages.back().hours;
   EXPECT_NEAR(plan.total_hours, path, 1e-9);
   EXPECT_NE(PlanToJson(plan).find("\"total_cost_usd\""), std::string::npos);
 }

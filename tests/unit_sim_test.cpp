@@ -7,8 +7,8 @@ namespace trnflow::sim {
 
 TEST(SimCatalog, HasTheInstancesAndModelsPipelinesName) {
   const Catalog& c = Catalog::Builtin();
-  for (const char* name : {"trn1.2xlarge", "trn1.32xlarge", "inf2.xlarge", "inf2.48xlarge",
-                           "c6i.xlarge"}) {
+  for (const char* name :
+       {"trn1.2xlarge", "trn1.32xlarge", "inf2.xlarge", "inf2.48xlarge", "c6i.xlarge"}) {
     const InstanceType* t = c.FindInstance(name);
     ASSERT_NE(t, nullptr) << name;
     EXPECT_GT(t->on_demand_per_hour.micros(), 0) << name;
@@ -17,8 +17,8 @@ TEST(SimCatalog, HasTheInstancesAndModelsPipelinesName) {
   const InstanceType* trn = c.FindInstance("trn1.32xlarge");
   EXPECT_EQ(trn->chips, 16);
   EXPECT_EQ(trn->neuron_cores(), 32);
-  for (const char* name : {"llama-2-7b", "llama-2-13b", "llama-2-70b", "bert-large",
-                           "climate-emulator-1b"})
+  for (const char* name :
+       {"llama-2-7b", "llama-2-13b", "llama-2-70b", "bert-large", "climate-emulator-1b"})
     EXPECT_NE(c.FindModel(name), nullptr) << name;
   EXPECT_EQ(c.FindInstance("trn9.huge"), nullptr);
 }
@@ -31,7 +31,8 @@ TEST(PerfModel, TrainingTimeFollowsSixNTOverPeakTimesMfu) {
   w.tokens = 1e9;
   const InstanceType& t = *c.FindInstance("trn1.32xlarge");
   Estimate one = EstimateTrain(w, t, 1);
-  double expected = 6 * w.model.parameters * w.tokens / (16 * 190e12 * TrainingMfu(t, w.model.parameters));
+  double expected =
+      6 * w.model.parameters * w.tokens / (16 * 190e12 * TrainingMfu(t, w.model.parameters));
   EXPECT_NEAR(one.work_seconds, expected, expected * 1e-9);
   EXPECT_DOUBLE_EQ(one.seconds, one.setup_seconds + one.work_seconds);
   // Twice the instances: faster, but not more than twice as fast.

@@ -12,7 +12,11 @@
 namespace trnflow::workers {
 
 enum class StopReason : int {
-  kNone = 0, kLeaseLost = 1, kShutdown = 2, kCancelled = 3, kBudgetExceeded = 4
+  kNone = 0,
+  kLeaseLost = 1,
+  kShutdown = 2,
+  kCancelled = 3,
+  kBudgetExceeded = 4
 };
 
 struct ExecContext {
@@ -25,10 +29,10 @@ struct ExecContext {
   double speed = 1;     // simulated seconds per wall second
   uint64_t seed = 0;    // for this attempt's random draws
   double spot_rate_multiplier = 1;
-  std::string workdir;         // where commands start
-  std::string run_dir;         // ${{ run.dir }}
-  std::string log_path;        // captured output of this attempt
-  std::string checkpoint_dir;  // TRNFLOW_CHECKPOINT_DIR
+  std::string workdir;                     // where commands start
+  std::string run_dir;                     // ${{ run.dir }}
+  std::string log_path;                    // captured output of this attempt
+  std::string checkpoint_dir;              // TRNFLOW_CHECKPOINT_DIR
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
   // neuron-monitor-like metrics as JSON, latest wins; may be called from the executor's thread.
   std::function<void(const std::string&)> report_metrics;
@@ -37,9 +41,9 @@ struct ExecContext {
 
 struct ExecResult {
   Outcome outcome = Outcome::kSucceeded;
-  double sim_seconds = 0;     // what the attempt ran, in simulated seconds (billing)
-  double progress_to = 0;     // durable progress at the end (checkpointed), 0..1
-  double lost_fraction = 0;   // share of this attempt's time whose work was lost
+  double sim_seconds = 0;    // what the attempt ran, in simulated seconds (billing)
+  double progress_to = 0;    // durable progress at the end (checkpointed), 0..1
+  double lost_fraction = 0;  // share of this attempt's time whose work was lost
   std::string message;
 };
 

@@ -39,7 +39,6 @@ namespace {
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
 constexpr double kGraceSeconds = 10;
 
-
 // In the child, before exec: lead a process group of its own, so signals reach everything
 // the job starts (torchrun's workers, a shell's pipeline) and nothing it leaves behind keeps
 // the output pipe open; and die with the worker, so a job never runs on after its worker is
@@ -62,7 +61,8 @@ std::string Substitute(std::string s, const ExecContext& ctx) {
   for (auto [expr, value] :
        {std::pair<std::string, std::string>{"${{ run.id }}", std::to_string(ctx.run_id)},
         {"${{ run.dir }}", ctx.run_dir}})
-    for (size_t pos = s.find(expr); pos != std::string::npos; pos = s.find(expr, pos + value.size()))
+    for (size_t pos = s.find(expr); pos != std::string::npos;
+         pos = s.find(expr, pos + value.size()))
       s.replace(pos, expr.size(), value);
   return s;
 }
@@ -146,8 +146,8 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
                           ctx.instance_count / 3600.0;
       std::mt19937_64 rng(ctx.seed);
       if (per_second > 0)
-        interrupt_at =
-            std::max(sim::kSpotNoticeSeconds, std::exponential_distribution<double>(per_second)(rng));
+        interrupt_at = std::max(sim::kSpotNoticeSeconds,
+                                std::exponential_distribution<double>(per_second)(rng));
     }
   }
   double notice_at = interrupt_at - sim::kSpotNoticeSeconds;
@@ -161,9 +161,9 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   std::vector<std::string> args(argv.begin() + 1, argv.end());
   bp::ipstream out;
   std::error_code launch_ec;
-  bp::child child(bp::exe = exe.string(), bp::args = args, bp::env = env,
-                  bp::start_dir = ctx.workdir, bp::std_in < bp::null,
-                  (bp::std_out & bp::std_err) > out, JobProcessGroup{}, launch_ec);
+  bp::child child(
+      bp::exe = exe.string(), bp::args = args, bp::env = env, bp::start_dir = ctx.workdir,
+      bp::std_in<bp::null, (bp::std_out & bp::std_err)> out, JobProcessGroup{}, launch_ec);
   if (launch_ec) {
     r.outcome = Outcome::kInfraError;
     r.message = "could not start " + argv[0] + ": " + launch_ec.message();

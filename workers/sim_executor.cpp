@@ -105,8 +105,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     }
     double wall_left = (end - elapsed) / ctx.speed;
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wall_left, 0.02)));
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() *
-              ctx.speed;
+    elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * ctx.speed;
   }
   elapsed = std::min(elapsed, end);
   r.sim_seconds = elapsed;
@@ -117,8 +117,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     double done = done_before + worked;
     double saved = done_before;
     if (ctx.spec.checkpoint.every_s > 0)
-      saved = std::max(saved, std::floor(done / ctx.spec.checkpoint.every_s) *
-                                  ctx.spec.checkpoint.every_s);
+      saved = std::max(
+          saved, std::floor(done / ctx.spec.checkpoint.every_s) * ctx.spec.checkpoint.every_s);
     if (ctx.spec.checkpoint.on_notice && w.kind == StageKind::kTrain && worked > 0) {
       double loss = sim::OnNoticeLossSeconds(w, *type, ctx.instance_count);
       if (loss >= 0) saved = std::max(saved, done - loss);

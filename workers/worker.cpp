@@ -31,15 +31,14 @@ std::string NewUuid() {
   std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                     static_cast<uint64_t>(Steady::now().time_since_epoch().count()));
   uint64_t a = g(), b = g();
-  a = (a & ~0xF000ULL) | 0x4000ULL;                             // version 4
-  b = (b & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;      // variant 1
+  a = (a & ~0xF000ULL) | 0x4000ULL;                         // version 4
+  b = (b & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // variant 1
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%08llx-%04llx-%04llx-%04llx-%012llx",
-                static_cast<unsigned long long>(a >> 32),
-                static_cast<unsigned long long>((a >> 16) & 0xFFFF),
-                static_cast<unsigned long long>(a & 0xFFFF),
-                static_cast<unsigned long long>(b >> 48),
-                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFULL));
+  std::snprintf(
+      buf, sizeof buf, "%08llx-%04llx-%04llx-%04llx-%012llx",
+      static_cast<unsigned long long>(a >> 32), static_cast<unsigned long long>((a >> 16) & 0xFFFF),
+      static_cast<unsigned long long>(a & 0xFFFF), static_cast<unsigned long long>(b >> 48),
+      static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFULL));
   return buf;
 }
 
@@ -71,7 +70,8 @@ Money BaselineCost(const schema::ClaimedStage& c, const ExecResult& er, Money co
     sim::Estimate e = sim::EstimateStage(w, *gpu, c.instance_count, c.attempt == 1);
     if (e.work_seconds <= 0) return cost;
     return Charge(gpu->price(c.market == Market::kSpot), c.instance_count,
-                  useful * e.work_seconds) + wasted;
+                  useful * e.work_seconds) +
+           wasted;
   } catch (const std::exception&) {
     return cost;
   }
@@ -170,8 +170,8 @@ struct Worker::Impl {
         if (free <= 0 || !claiming) continue;
         std::vector<schema::ClaimedStage> claimed;
         if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
-              claimed = c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s,
-                                           opt.only_run);
+              claimed =
+                  c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s, opt.only_run);
             }))
           return;
         for (auto& c : claimed) Launch(*pool, std::move(c));
@@ -272,12 +272,15 @@ struct Worker::Impl {
         }
       }
       // A retry after a lost reply is harmless: writes are fenced on the lease.
-      WithCatalog(cat, "commit", [&](schema::Catalog& c) {
-        auto applied = c.CompleteAttempts(batch);
-        if (applied.size() < batch.size())
-          log->warn("{} of {} results were stale (lease taken over) and were dropped",
-                    batch.size() - applied.size(), batch.size());
-      }, /*give_up_on_stop=*/false);
+      WithCatalog(
+          cat, "commit",
+          [&](schema::Catalog& c) {
+            auto applied = c.CompleteAttempts(batch);
+            if (applied.size() < batch.size())
+              log->warn("{} of {} results were stale (lease taken over) and were dropped",
+                        batch.size() - applied.size(), batch.size());
+          },
+          /*give_up_on_stop=*/false);
     }
   }
 
@@ -306,8 +309,7 @@ struct Worker::Impl {
     ctx.instance_count = c.instance_count;
     ctx.progress = c.progress;
     ctx.speed = c.speed;
-    ctx.seed = Fnv1a(c.spec.name + "#" + std::to_string(c.attempt),
-                     Fnv1a(std::to_string(c.seed)));
+    ctx.seed = Fnv1a(c.spec.name + "#" + std::to_string(c.attempt), Fnv1a(std::to_string(c.seed)));
     ctx.spot_rate_multiplier = c.spot_rate_multiplier;
     ctx.workdir = c.workdir;
     std::string run_tag = "run-" + std::to_string(c.run_id);
@@ -377,8 +379,8 @@ struct Worker::Impl {
         std::scoped_lock lock(mu);
         jitter = std::uniform_real_distribution<double>(0, 1)(rng);
       }
-      RetryDecision d = DecideAfterAttempt(c.spec, c.market, r.outcome, c.errors, c.preemptions,
-                                           jitter);
+      RetryDecision d =
+          DecideAfterAttempt(c.spec, c.market, r.outcome, c.errors, c.preemptions, jitter);
       r.next_state = d.next;
       r.next_market = d.market;
       // Backoff is in the run's clock: simulated seconds, passing `speed` times faster.
@@ -390,8 +392,8 @@ struct Worker::Impl {
     if (r.outcome != Outcome::kCapacityUnavailable) {
       r.billed_seconds = BilledSeconds(er.sim_seconds);
       r.cost = Charge(c.price_per_hour, c.instance_count, er.sim_seconds);
-      r.wasted = Money::FromMicros(
-          static_cast<int64_t>(std::llround(r.cost.micros() * std::clamp(er.lost_fraction, 0.0, 1.0))));
+      r.wasted = Money::FromMicros(static_cast<int64_t>(
+          std::llround(r.cost.micros() * std::clamp(er.lost_fraction, 0.0, 1.0))));
     }
     r.baseline = BaselineCost(c, er, r.cost, r.wasted);
     return r;

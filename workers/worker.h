@@ -26,7 +26,7 @@ struct WorkerOptions {
   std::vector<PoolConfig> pools;
   double lease_s = 15;
   double heartbeat_s = 3;
-  double poll_s = 1.0;         // claim even without a notification this often
+  double poll_s = 1.0;  // claim even without a notification this often
   double shutdown_grace_s = 10;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
