@@ -77,8 +77,9 @@ std::string ToJson(const StageSpec& s) {
         {"max_interruptions", s.retry.max_interruptions},
         {"then", s.retry.then_market}}},
       {"checkpoint", {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}}},
-      {"timeout_s", s.timeout_s},
-      {"cache", s.cache},
+      {"timeout_s", s.timeout_s},      {"cache", s.cache},
+      {"cache_key", s.cache_key},
+      {"cache_inputs", s.cache_inputs},
   };
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -109,8 +110,9 @@ StageSpec StageSpecFromJson(std::string_view text) {
     s.retry.then_market = r.at("then").get<std::string>();
     s.checkpoint.every_s = j.at("checkpoint").at("every_s").get<double>();
     s.checkpoint.on_notice = j.at("checkpoint").at("on_notice").get<bool>();
-    s.timeout_s = j.at("timeout_s").get<double>();
-    s.cache = j.at("cache").get<bool>();
+    s.timeout_s = j.at("timeout_s").get<double>();    s.cache = j.at("cache").get<bool>();
+    s.cache_key = j.value("cache_key", "");
+    s.cache_inputs = j.value("cache_inputs", "");
     return s;
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("malformed stage spec in the catalog: ") + e.what());

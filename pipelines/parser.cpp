@@ -1,7 +1,8 @@
 // YAML -> Pipeline. Every value is read through a helper that knows its place in the file, so
 // each problem becomes a located diagnostic; parsing goes on after an error to report all.
-#include <openssl/sha.h>
 #include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "common/duration.h"
+#include "common/sha256.h"
 #include "pipelines/checks.h"
 #include "pipelines/dag.h"
 #include "pipelines/pipeline.h"
@@ -970,6 +972,10 @@ void Parser::InheritModels() {
     if (!s.workload) continue;
     if (s.workload->seq_len == 0) s.workload->seq_len = s.workload->model.context;
     s.spec.workload_json = sim::ToJson(*s.workload);
+    if (s.spec.kind == StageKind::kCompile && s.spec.cache) {
+      s.spec.cache_inputs = CompileCacheInputs(*s.workload);
+      s.spec.cache_key = Sha256Hex(s.spec.cache_inputs);
+    }
   }
 }
 
@@ -1239,13 +1245,31 @@ std::string SubstituteRunExpressions(const std::string& text, const std::string&
   return out;
 }
 
-std::string Sha256Hex(std::string_view data) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : digest) out += hex[c >> 4], out += hex[c & 15];
-  return out;
+std::string CompileCacheInputs(const sim::Workload& w) {
+  std::vector<std::string> flags = w.compiler_flags;
+  std::sort(flags.begin(), flags.end());
+  const sim::Model& m = w.model;
+  // nlohmann::json objects keep their keys sorted: the dump is canonical.
+  nlohmann::json j = {{"model",
+                       {{"name", m.name},
+                        {"architecture", m.architecture},
+                        {"parameters", m.parameters},
+                        {"layers", m.layers},
+                        {"hidden", m.hidden},
+                        {"heads", m.heads},
+                        {"kv_heads", m.kv_heads},
+                        {"vocab", m.vocab},
+                        {"context", m.context},
+                        {"features", m.features}}},
+                      {"batch", w.batch},
+                      {"seq_len", w.seq_len},
+                      {"dtype", w.dtype},
+                      {"tp_degree", w.tp_degree},
+                      {"target", w.target},
+                      {"compiler", kCompilerVersion},
+                      {"compiler_flags", flags}};
+  return j.dump();
 }
+
 
 }  // namespace trnflow::pipelines

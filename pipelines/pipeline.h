@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/money.h"
+#include "common/sha256.h"
 #include "common/stage_spec.h"
 #include "pipelines/diagnostics.h"
 #include "sim/workload.h"
@@ -64,6 +65,12 @@ LoadResult ParsePipeline(const std::string& text, const std::string& file,
 std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
                                      const std::string& run_dir);
 
-std::string Sha256Hex(std::string_view data);
+// The version of the (simulated) Neuron compiler; part of every compile cache key.
+inline constexpr const char* kCompilerVersion = "neuronx-cc 2.15.128 (simulated)";
+// The canonical JSON of everything that changes a compiled graph, and nothing else: the
+// model's architecture (not its weights: graphs take weights as inputs at load time, so
+// retraining does not invalidate them), batch, seq_len bucket, dtype, tp_degree, target,
+// compiler version and flags (sorted).
+std::string CompileCacheInputs(const sim::Workload& w);
 
 }  // namespace trnflow::pipelines

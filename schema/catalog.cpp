@@ -360,7 +360,8 @@ int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o)
     int64_t run_id = impl_
                          ->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed,
                                 o.seed, p.spot_rate_multiplier,
-                                p.budget ? p.budget->ToDecimal() : std::string(), o.workdir)[0][0]
+                                p.budget ? p.budget->ToDecimal() : std::string(), o.workdir,
+                                 o.retry_failed_compilation)[0][0]
                          .as<int64_t>();
     std::vector<std::string> names, kinds, pools, types, markets, specs;
     std::vector<int> counts, pending;
@@ -435,6 +436,7 @@ std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int
       c.seed = row[11].as<int64_t>();
       c.spot_rate_multiplier = row[12].as<double>();
       c.workdir = row[13].as<std::string>();
+      c.retry_failed_compilation = row[14].as<bool>();
       out.push_back(std::move(c));
     }
     return out;
@@ -894,6 +896,94 @@ std::vector<ProjectRow> Catalog::ListProjects() {
       out.push_back(std::move(p));
     }
     return out;
+  });
+}
+
+namespace {
+ArtifactRow ReadArtifact(const pqxx::row& row) {
+  ArtifactRow a;
+  a.key = row[0].as<std::string>();
+  a.state = row[1].as<std::string>();
+  a.digest = row[2].as<std::string>();
+  a.bytes = row[3].as<int64_t>();
+  a.path = row[4].as<std::string>();
+  a.failure = row[5].as<std::string>();
+  a.hits = row[6].as<int64_t>();
+  a.manifest_json = row[7].as<std::string>();
+  a.last_used_at = row[8].as<std::string>();
+  a.created_at = row[9].as<std::string>();
+  a.builder_stage = row[10].as<int64_t>();
+  return a;
+}
+}  // namespace
+
+bool Catalog::AcquireArtifact(const std::string& key, int64_t stage_id, int attempt,
+                              const std::string& manifest_json, bool retry_failed,
+                              const std::string& corrupt_digest) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool mine = !impl_->Exec(tx, "AcquireArtifact", key, stage_id, attempt, manifest_json,
+                             retry_failed, corrupt_digest)
+                     .empty();
+    tx.commit();
+    return mine;
+  });
+}
+
+std::optional<ArtifactRow> Catalog::GetArtifact(const std::string& key) {
+  return impl_->Guard([&]() -> std::optional<ArtifactRow> {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "GetArtifact", key);
+    if (r.empty()) return std::nullopt;
+    return ReadArtifact(r[0]);
+  });
+}
+
+bool Catalog::FinishArtifact(const std::string& key, int64_t stage_id, int attempt,
+                             const std::string& state, const std::string& digest, int64_t bytes,
+                             const std::string& path, const std::string& failure) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool ok = !impl_->Exec(tx, "FinishArtifact", key, stage_id, attempt, state, digest, bytes,
+                           path, failure)
+                   .empty();
+    tx.commit();
+    return ok;
+  });
+}
+
+void Catalog::ReleaseArtifact(const std::string& key, int64_t stage_id, int attempt) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "ReleaseArtifact", key, stage_id, attempt);
+    tx.commit();
+  });
+}
+
+void Catalog::RecordArtifactHit(const std::string& key) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordArtifactHit", key);
+    tx.commit();
+  });
+}
+
+std::vector<ArtifactRow> Catalog::ListArtifacts() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<ArtifactRow> out;
+    for (const auto& row : impl_->Exec(tx, "ListArtifacts")) out.push_back(ReadArtifact(row));
+    return out;
+  });
+}
+
+std::optional<std::string> Catalog::DeleteArtifact(const std::string& key) {
+  return impl_->Guard([&]() -> std::optional<std::string> {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "DeleteArtifact", key);
+    tx.commit();
+    if (r.empty()) return std::nullopt;
+    return r[0][0].as<std::string>();
   });
 }
 

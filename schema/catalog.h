@@ -30,8 +30,8 @@ namespace trnflow::schema {
 struct SubmitOptions {
   std::string project;  // overrides the pipeline's project when set
   double speed = 3600;  // simulated seconds per wall second
-  int64_t seed = 1;
-  std::string workdir;  // where run: commands start
+  int64_t seed = 1;  std::string workdir;  // where run: commands start
+  bool retry_failed_compilation = false;  // compile keys that failed before are tried again
 };
 
 // A stage this worker now holds a lease on, with everything needed to run it.
@@ -47,9 +47,9 @@ struct ClaimedStage {
   StageSpec spec;
   Money price_per_hour;  // price snapshot of this attempt
   double speed = 1;
-  int64_t seed = 0;
-  double spot_rate_multiplier = 1;
+  int64_t seed = 0;  double spot_rate_multiplier = 1;
   std::string workdir;
+  bool retry_failed_compilation = false;
 };
 
 // The end of one attempt, as its worker (or the rescuer) saw it.
@@ -199,6 +199,20 @@ struct ProjectRow {
   int64_t runs = 0;
 };
 
+struct ArtifactRow {
+  std::string key;
+  std::string state;  // building | ready | failed
+  std::string digest;
+  int64_t bytes = 0;
+  std::string path;
+  std::string failure;        // failed: the compiler's message
+  int64_t hits = 0;
+  std::string manifest_json;  // the key's inputs
+  std::string last_used_at;
+  std::string created_at;
+  int64_t builder_stage = 0;
+};
+
 struct MigrateReport {
   int from_version = 0;
   int to_version = 0;
@@ -303,8 +317,25 @@ class Catalog {
   // Creates the project (if new), its group role trnflow_project_NAME with read access, and
   // grants it to each member login role. Returns the group role. UserError for a bad name or
   // a member role that does not exist.
-  std::string AddProject(const std::string& name, const std::vector<std::string>& members);
-  std::vector<ProjectRow> ListProjects();
+  std::string AddProject(const std::string& name, const std::vector<std::string>& members);  std::vector<ProjectRow> ListProjects();
+
+  // --- compiled-artifact cache ---------------------------------------------------------------
+  // Become the builder of `key` (true) when nobody builds it, its builder's attempt is gone,
+  // `retry_failed` and it failed before, or it is ready with `corrupt_digest` (found corrupt).
+  bool AcquireArtifact(const std::string& key, int64_t stage_id, int attempt,
+                       const std::string& manifest_json, bool retry_failed,
+                       const std::string& corrupt_digest);
+  std::optional<ArtifactRow> GetArtifact(const std::string& key);
+  // The builder's result: state "ready" (digest, bytes, path) or "failed" (failure). False
+  // when this attempt was no longer the builder.
+  bool FinishArtifact(const std::string& key, int64_t stage_id, int attempt,
+                      const std::string& state, const std::string& digest, int64_t bytes,
+                      const std::string& path, const std::string& failure);
+  void ReleaseArtifact(const std::string& key, int64_t stage_id, int attempt);
+  void RecordArtifactHit(const std::string& key);
+  std::vector<ArtifactRow> ListArtifacts();
+  // Deletes an entry that is not being built; returns its directory, or nullopt.
+  std::optional<std::string> DeleteArtifact(const std::string& key);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

@@ -19,6 +19,7 @@
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
+#include "workers/artifact_store.h"
 #include "workers/executor.h"
 
 namespace trnflow::workers {
@@ -322,11 +323,14 @@ struct Worker::Impl {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
       run->metrics_dirty = true;
-    };
-
-    ExecResult er;
+    };    ExecResult er;
     try {
-      er = c.spec.kind == StageKind::kRun ? process_executor.Run(ctx) : sim_executor.Run(ctx);
+      if (c.spec.kind == StageKind::kCompile && !c.spec.cache_key.empty())
+        er = RunCachedCompile(ctx, c);
+      else if (c.spec.kind == StageKind::kRun)
+        er = process_executor.Run(ctx);
+      else
+        er = sim_executor.Run(ctx);
     } catch (const std::exception& e) {
       er.outcome = Outcome::kInfraError;
       er.message = std::string("executor failed: ") + e.what();
@@ -355,6 +359,69 @@ struct Worker::Impl {
     commit_cv.notify_one();
     idle_cv.notify_all();
     WakeClaim();
+  }  // A compile stage with a cache key, single flight: the first attempt to claim the key
+  // compiles and stores the graph; attempts that find it being built wait (no instance, no
+  // bill) and are served when it is ready; a builder that died is taken over; an entry that
+  // fails verification is never served but rebuilt; a deterministic compiler failure is
+  // remembered for the key and returned at once, unless the run retries failed compilations.
+  ExecResult RunCachedCompile(const ExecContext& ctx, const schema::ClaimedStage& c) {
+    const std::string& key = c.spec.cache_key;
+    schema::Catalog cat(opt.database_url);
+    std::string corrupt;
+    bool announced_wait = false;
+    while (true) {
+      if (ctx.stop_reason() != StopReason::kNone) {
+        ExecResult r;
+        r.outcome = Outcome::kCancelled;
+        r.progress_to = c.progress;
+        r.message = "stopped while waiting for the compile cache";
+        return r;
+      }
+      if (cat.AcquireArtifact(key, c.stage_id, c.attempt, c.spec.cache_inputs,
+                              c.retry_failed_compilation, corrupt)) {
+        ExecResult er = sim_executor.Run(ctx);
+        if (er.outcome == Outcome::kSucceeded) {
+          sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
+          StoredArtifact a = WriteArtifact(opt.home, key, c.spec.cache_inputs, w.model.parameters);
+          cat.FinishArtifact(key, c.stage_id, c.attempt, "ready", a.digest, a.bytes, a.path, "");
+          er.message = "compiled and cached as " + a.digest.substr(0, 12);
+        } else if (er.outcome == Outcome::kUserError) {
+          cat.FinishArtifact(key, c.stage_id, c.attempt, "failed", "", 0, "", er.message);
+        } else {
+          cat.ReleaseArtifact(key, c.stage_id, c.attempt);
+        }
+        return er;
+      }
+      auto a = cat.GetArtifact(key);
+      if (!a) continue;  // removed meanwhile: try to build it
+      if (a->state == "ready") {
+        if (VerifyArtifact(a->path, a->digest)) {
+          cat.RecordArtifactHit(key);
+          ExecResult r;
+          r.outcome = Outcome::kCached;
+          r.progress_to = 1;
+          r.message = "compiled graph " + a->digest.substr(0, 12) + " from the cache";
+          return r;
+        }
+        log->warn("cache entry key={} digest={} is corrupt or incomplete: rebuilding it",
+                  key.substr(0, 12), a->digest.substr(0, 12));
+        corrupt = a->digest;
+        continue;
+      }
+      if (a->state == "failed") {
+        ExecResult r;
+        r.outcome = Outcome::kUserError;
+        r.message = "this graph failed to compile before (" + a->failure +
+                    "); rerun with --retry-failed-compilation to try again";
+        return r;
+      }
+      if (!announced_wait) {
+        log->info("stage={} waits for key={} being compiled by stage={}", c.stage_id,
+                  key.substr(0, 12), a->builder_stage);
+        announced_wait = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 
   schema::AttemptResult ToResult(const schema::ClaimedStage& c, const ExecResult& er,
@@ -387,9 +454,15 @@ struct Worker::Impl {
       r.retry_in_s = d.retry_in_s / std::max(1e-9, c.speed);
       if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
         r.message += (r.message.empty() ? "" : "; ") + d.reason;
+    }    if (r.outcome == Outcome::kCached) {
+      // Served from the cache: no instance, and the compile it spared is saved.
+      sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
+      if (const auto* t = sim::Catalog::Builtin().FindInstance(c.spec.instance))
+        r.saved = Charge(c.price_per_hour, c.instance_count,
+                         sim::EstimateCompile(w, *t).seconds);
     }
-    // No instance ran when capacity was unavailable: nothing to bill.
-    if (r.outcome != Outcome::kCapacityUnavailable) {
+    // No instance ran when capacity was unavailable or the cache served it: nothing to bill.
+    if (r.outcome != Outcome::kCapacityUnavailable && r.outcome != Outcome::kCached) {
       r.billed_seconds = BilledSeconds(er.sim_seconds);
       r.cost = Charge(c.price_per_hour, c.instance_count, er.sim_seconds);
       r.wasted = Money::FromMicros(static_cast<int64_t>(

@@ -12,8 +12,8 @@ LIMIT 1;
 
 -- name: InsertRun
 INSERT INTO trnflow.runs (pipeline_id, project, params, speed, seed, spot_rate_multiplier,
-                          budget_usd, workdir)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, NULLIF($7, '')::numeric, $8)
+                          budget_usd, workdir, retry_failed_compilation)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, NULLIF($7, '')::numeric, $8, $9)
 RETURNING id;
 
 -- name: InsertStages

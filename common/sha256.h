@@ -1,0 +1,10 @@
+#pragma once
+// SHA-256 as lowercase hex (OpenSSL). For cache keys, artifact digests, pipeline hashes.
+#include <string>
+#include <string_view>
+
+namespace trnflow {
+
+std::string Sha256Hex(std::string_view data);
+
+}  // namespace trnflow

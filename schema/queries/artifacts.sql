@@ -1,0 +1,59 @@
+-- name: AcquireArtifact
+-- Become the builder of a key: when nobody has it, when its builder's attempt is no longer
+-- running (the compiler died), when a run may retry a poisoned failure ($5), or when the
+-- entry was found corrupt ($6 names the digest that failed verification). Returns a row only
+-- to the new builder.
+INSERT INTO trnflow.artifacts AS a (cache_key, state, builder_stage, builder_attempt, manifest)
+VALUES ($1, 'building', $2, $3, $4::jsonb)
+ON CONFLICT (cache_key) DO UPDATE
+SET state = 'building', builder_stage = EXCLUDED.builder_stage,
+    builder_attempt = EXCLUDED.builder_attempt, manifest = EXCLUDED.manifest, failure = NULL,
+    digest = NULL, bytes = NULL, path = NULL
+WHERE (a.state = 'building' AND NOT EXISTS (
+         SELECT 1 FROM trnflow.stages s
+         WHERE s.id = a.builder_stage AND s.state = 'running' AND s.attempts = a.builder_attempt))
+   OR (a.state = 'failed' AND $5)
+   OR (a.state = 'ready' AND a.digest = $6)
+RETURNING a.id;
+
+-- name: GetArtifact
+SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
+       coalesce(failure, ''), hits, manifest::text,
+       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       coalesce(builder_stage, 0)
+FROM trnflow.artifacts WHERE cache_key = $1;
+
+-- name: FinishArtifact
+-- The builder's result: ready with its digest, or failed (poisoned: a deterministic compiler
+-- error, served to every later run until a key change or --retry-failed-compilation).
+UPDATE trnflow.artifacts
+SET state = $4, digest = NULLIF($5, ''), bytes = $6, path = NULLIF($7, ''),
+    failure = NULLIF($8, ''), producer_attempt = (SELECT id FROM trnflow.attempts
+                                                 WHERE stage_id = $2 AND attempt = $3),
+    last_used_at = now()
+WHERE cache_key = $1 AND state = 'building' AND builder_stage = $2 AND builder_attempt = $3
+RETURNING id;
+
+-- name: ReleaseArtifact
+-- The builder gave up for a reason that is not the compiler's (preempted, stopped): the key
+-- is free for the next attempt.
+DELETE FROM trnflow.artifacts
+WHERE cache_key = $1 AND state = 'building' AND builder_stage = $2 AND builder_attempt = $3;
+
+-- name: RecordArtifactHit
+UPDATE trnflow.artifacts SET hits = hits + 1, last_used_at = now()
+WHERE cache_key = $1 AND state = 'ready';
+
+-- name: ListArtifacts
+SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
+       coalesce(failure, ''), hits, manifest::text,
+       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       coalesce(builder_stage, 0)
+FROM trnflow.artifacts
+ORDER BY last_used_at DESC NULLS LAST, cache_key;
+
+-- name: DeleteArtifact
+-- Never an entry being built.
+DELETE FROM trnflow.artifacts WHERE cache_key = $1 AND state <> 'building' RETURNING coalesce(path, '');
