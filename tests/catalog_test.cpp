@@ -45,7 +45,7 @@ std::string FanOut(int width) {
   std::string y =
       "pipeline: fan\nproject: lab\nstages:\n  root:\n    run: [\"true\"]\n"
       "  work:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
-      "    instance: trn1.2xlarge\n    model: bert-large\n    matrix: {i: [";
+      "    instance: trn1.2xlarge\n    model: bert-large\n    cache: false\n    matrix: {i: [";
   for (int i = 0; i < width; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}\n  join:\n    run: [\"true\"]\n    needs: [work]\n";
   return y;
@@ -106,9 +106,9 @@ TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(
       "pipeline: cap\nproject: lab\nstages:\n"
-      "  a: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n"
-      "  b: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n"
-      "  c: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large}\n");
+      "  a: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n"
+      "  b: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n"
+      "  c: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n");
   int64_t run = c.SubmitRun(p, Fast());
   const std::string me = "00000000-0000-4000-8000-000000000001";
   const std::string other = "00000000-0000-4000-8000-000000000002";
@@ -160,7 +160,7 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
   auto p = MustParse(
       "pipeline: lost\nproject: lab\nstages:\n"
       "  a:\n    kind: compile\n    target: inf2\n    instance: trn1.2xlarge\n"
-      "    model: bert-large\n    retry: {backoff: {initial: 1s}}\n");
+      "    model: bert-large\n    cache: false\n    retry: {backoff: {initial: 1s}}\n");
   int64_t run = c.SubmitRun(p, Fast());
   // A worker that claims and then dies: its lease runs out.
   auto claimed =

@@ -136,23 +136,23 @@ std::string BigDag() {
   std::string y =
       "pipeline: chaos\nproject: chaos\ndefaults:\n  retry: {backoff: {initial: 1s, max: 2s}}\n"
       "stages:\n"
-      "  root: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large}\n"
+      "  root: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n"
       "  fan:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
-      "    instance: trn1.2xlarge\n    model: bert-large\n    matrix: {i: [";
+      "    instance: trn1.2xlarge\n    model: bert-large\n    cache: false\n    matrix: {i: [";
   for (int i = 0; i < 1000; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}\n  join: {kind: compile, needs: [fan], target: inf2, instance: trn1.2xlarge, "
-       "model: bert-large}\n";
+       "model: bert-large, cache: false}\n";
   std::string ends;
   for (int c = 0; c < 10; ++c)
     for (int k = 0; k < 100; ++k) {
       std::string name = "c" + std::to_string(c) + "_" + std::to_string(k);
       std::string need = k == 0 ? "join" : "c" + std::to_string(c) + "_" + std::to_string(k - 1);
       y += "  " + name + ": {kind: compile, needs: [" + need +
-           "], target: inf2, instance: trn1.2xlarge, model: bert-large}\n";
+           "], target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n";
       if (k == 99) ends += (ends.empty() ? "" : ", ") + name;
     }
   y += "  final: {kind: compile, needs: [" + ends +
-       "], target: inf2, instance: trn1.2xlarge, model: bert-large}\n";
+       "], target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n";
   return y;
 }
 
@@ -226,7 +226,7 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   // One stage of ~3 s wall time: bert-large compile (780 simulated s) at speed 260.
   int64_t run = Submit(
       "pipeline: frozen\nproject: chaos\nstages:\n"
-      "  only: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large}\n",
+      "  only: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n",
       260);
   auto scheduler = Scheduler(9);
   scheduler->Start();
@@ -277,10 +277,10 @@ TEST(Chaos, RunSurvivesAPostgresRestart) {
   std::string y =
       "pipeline: restart\nproject: chaos\nstages:\n"
       "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
-      "matrix: {i: [";
+      "cache: false, matrix: {i: [";
   for (int i = 0; i < 200; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}}\n  b: {kind: compile, needs: [a], target: inf2, instance: trn1.2xlarge, "
-       "model: bert-large, matrix: {i: [";
+       "model: bert-large, cache: false, matrix: {i: [";
   for (int i = 0; i < 200; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}}\n";
   int64_t run = Submit(y, 7800);
