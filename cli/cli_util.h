@@ -25,6 +25,7 @@ struct RunArgs {
   std::vector<std::string> pools;  // NAME=N overrides
   std::string format = "table";
   bool force = false;
+  bool retry_failed_compilation = false;
 };
 
 struct SpendArgs {

@@ -41,8 +41,19 @@ int CmdValidate(const std::vector<std::string>& files) {
 int CmdPlan(const RunArgs& a) {
   pipelines::LoadOptions lo{ParseParams(a.params), a.project};
   auto pipeline = LoadOrReport(a.file, lo);
-  if (!pipeline) return kExitBadInput;
-  pipelines::Plan plan = pipelines::MakePlan(*pipeline);
+  if (!pipeline)
+    return kExitBadInput;  // The plan reads the compile cache when the catalog is reachable; it
+                           // plans without it if not.
+  std::unique_ptr<schema::Catalog> catalog;
+  try {
+    catalog = OpenCatalog();
+  } catch (const CatalogUnavailable&) {
+  }
+  pipelines::Plan plan = pipelines::MakePlan(*pipeline, [&](const std::string& key) {
+    if (!catalog) return false;
+    auto a = catalog->GetArtifact(key);
+    return a && a->state == "ready";
+  });
   std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
   return kExitOk;
 }

@@ -144,6 +144,7 @@ schema::SubmitOptions SubmitOptionsFor(const RunArgs& a) {
   o.speed = a.speed;
   o.seed = a.seed;
   o.workdir = std::filesystem::current_path().string();
+  o.retry_failed_compilation = a.retry_failed_compilation;
   return o;
 }
 

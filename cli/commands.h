@@ -31,6 +31,13 @@ int CmdBudgetList(const std::string& format);
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members);
 int CmdProjectList();
 
+int CmdCacheList();
+int CmdCacheShow(const std::string& key);
+int CmdCacheRemove(const std::string& key);
+int CmdCacheVerify();
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than);
+int CmdCacheWhy(const std::string& run, const std::string& stage);
+
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.
 void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,

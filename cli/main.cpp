@@ -20,6 +20,8 @@ void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
     cmd->add_option("--speed", a.speed,
                     "simulated seconds per wall second (default 7200: two hours a second)");
     cmd->add_option("--seed", a.seed, "seed of the simulated spot market (default 7)");
+    cmd->add_flag("--retry-failed-compilation", a.retry_failed_compilation,
+                  "compile again graphs whose compilation failed before (instead of failing fast)");
   }
 }
 
@@ -134,6 +136,21 @@ int main(int argc, char** argv) {
   project_add->add_option("NAME", project_name, "project name")->required();
   project_add->add_option("--member", project_members, "a login role to add (repeatable)");
   auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
+  auto* cache = app.add_subcommand("cache", "the compiled-artifact (NEFF) cache");
+  cache->require_subcommand(1);
+  std::string cache_key, gc_max_bytes, gc_older_than, why_run, why_stage;
+  auto* cache_ls = cache->add_subcommand("ls", "entries: key, model, shapes, target, bytes, hits");
+  auto* cache_show = cache->add_subcommand("show", "one entry and the inputs of its key");
+  cache_show->add_option("KEY", cache_key, "key (or its first characters)")->required();
+  auto* cache_rm = cache->add_subcommand("rm", "remove an entry");
+  cache_rm->add_option("KEY", cache_key, "key (or its first characters)")->required();
+  auto* cache_verify = cache->add_subcommand("verify", "re-hash every entry; drop corrupt ones");
+  auto* cache_gc = cache->add_subcommand("gc", "remove least recently used entries");
+  cache_gc->add_option("--max-bytes", gc_max_bytes, "keep at most this many bytes");
+  cache_gc->add_option("--older-than", gc_older_than, "remove entries unused for this long (30d)");
+  auto* cache_why = cache->add_subcommand("why", "why a stage missed the cache");
+  cache_why->add_option("RUN", why_run, "run id")->required();
+  cache_why->add_option("STAGE", why_stage, "stage name")->required();
 
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
@@ -171,6 +188,12 @@ int main(int argc, char** argv) {
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
+    if (cache_ls->parsed()) return CmdCacheList();
+    if (cache_show->parsed()) return CmdCacheShow(cache_key);
+    if (cache_rm->parsed()) return CmdCacheRemove(cache_key);
+    if (cache_verify->parsed()) return CmdCacheVerify();
+    if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than);
+    if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage);
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
     if (project_add->parsed()) return CmdProjectAdd(project_name, project_members);

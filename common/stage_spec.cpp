@@ -77,7 +77,8 @@ std::string ToJson(const StageSpec& s) {
         {"max_interruptions", s.retry.max_interruptions},
         {"then", s.retry.then_market}}},
       {"checkpoint", {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}}},
-      {"timeout_s", s.timeout_s},      {"cache", s.cache},
+      {"timeout_s", s.timeout_s},
+      {"cache", s.cache},
       {"cache_key", s.cache_key},
       {"cache_inputs", s.cache_inputs},
   };
@@ -110,7 +111,8 @@ StageSpec StageSpecFromJson(std::string_view text) {
     s.retry.then_market = r.at("then").get<std::string>();
     s.checkpoint.every_s = j.at("checkpoint").at("every_s").get<double>();
     s.checkpoint.on_notice = j.at("checkpoint").at("on_notice").get<bool>();
-    s.timeout_s = j.at("timeout_s").get<double>();    s.cache = j.at("cache").get<bool>();
+    s.timeout_s = j.at("timeout_s").get<double>();
+    s.cache = j.at("cache").get<bool>();
     s.cache_key = j.value("cache_key", "");
     s.cache_inputs = j.value("cache_inputs", "");
     return s;

@@ -85,7 +85,8 @@ struct StageSpec {
   CommandSpec command;        // kind run
   std::string workload_json;  // sim stages: sim::Workload as JSON (see sim/workload.h)
   RetryPolicy retry;
-  CheckpointPolicy checkpoint;  double timeout_s = 0;      // 0: none
+  CheckpointPolicy checkpoint;
+  double timeout_s = 0;  // 0: none
   bool cache = false;
   std::string cache_key;     // compile stages with cache: sha256 of cache_inputs
   std::string cache_inputs;  // canonical JSON of everything that changes the graph

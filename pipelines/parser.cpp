@@ -2,13 +2,12 @@
 // each problem becomes a located diagnostic; parsing goes on after an error to report all.
 #include <yaml-cpp/yaml.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1270,6 +1269,5 @@ std::string CompileCacheInputs(const sim::Workload& w) {
                       {"compiler_flags", flags}};
   return j.dump();
 }
-
 
 }  // namespace trnflow::pipelines

@@ -61,7 +61,7 @@ void FindCheaper(const Pipeline& p, const Stage& s, StagePlan& sp) {
 
 }  // namespace
 
-Plan MakePlan(const Pipeline& p) {
+Plan MakePlan(const Pipeline& p, const std::function<bool(const std::string&)>& is_cached) {
   const sim::Catalog& hw = sim::Catalog::Builtin();
   Plan plan;
   plan.pipeline = p.name;
@@ -77,6 +77,7 @@ Plan MakePlan(const Pipeline& p) {
     sp.count = s.spec.count;
     sp.market = std::string(ToString(s.spec.market));
     double seconds = 60;  // a run: command's length is unknown: plan its billing minimum
+    sp.cached = is_cached && !s.spec.cache_key.empty() && is_cached(s.spec.cache_key);
     if (s.workload && t) {
       sim::Estimate e = sim::EstimateStage(*s.workload, *t, s.spec.count);
       seconds = e.seconds;
@@ -88,8 +89,9 @@ Plan MakePlan(const Pipeline& p) {
         sp.usd_per_million_tokens = usd_per_hour / (e.tokens_per_second * 3600) * 1e6;
       }
     }
+    if (sp.cached) seconds = 0;  // served from the cache: no instance, no time
     sp.hours = seconds / 3600;
-    if (t) {
+    if (t && !sp.cached) {
       sp.cost = Charge(t->price(s.spec.market == Market::kSpot), s.spec.count, seconds);
       sp.on_demand_cost = Charge(t->on_demand_per_hour, s.spec.count, seconds);
       if (s.spec.market == Market::kSpot) {
@@ -178,6 +180,7 @@ std::string PlanToTable(const Plan& plan) {
       std::snprintf(b, sizeof b, "%s%.0f tok/s", notes.empty() ? "" : "; ", s.tokens_per_second);
       notes += b;
     }
+    if (s.cached) notes += std::string(notes.empty() ? "" : "; ") + "cached: $0";
     if (!s.cheaper_instance.empty())
       notes += (notes.empty() ? "" : "; ") + std::string("cheaper: ") + s.cheaper_instance + " " +
                s.cheaper_cost.ToDollars();

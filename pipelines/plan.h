@@ -2,6 +2,7 @@
 // The cost plan of a pipeline before anything runs: per stage (matrix expanded) the simulated
 // hours, dollars on the chosen market and on-demand, expected spot interruptions, and what
 // serving stages deliver; totals and the critical path. JSON per PIPELINE-FORMAT.md.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,7 +40,10 @@ struct Plan {
   Money total_cost;
 };
 
-Plan MakePlan(const Pipeline& pipeline);
+// `is_cached(key)`: whether the compile cache holds a graph for a compile stage's key (then
+// the stage costs $0). Without it nothing counts as cached.
+Plan MakePlan(const Pipeline& pipeline,
+              const std::function<bool(const std::string&)>& is_cached = {});
 std::string PlanToJson(const Plan& plan);
 std::string PlanToTable(const Plan& plan);
 

@@ -357,12 +357,12 @@ int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o)
     int64_t pipeline_id =
         impl_->Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
     nlohmann::json params(p.params);
-    int64_t run_id = impl_
-                         ->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed,
-                                o.seed, p.spot_rate_multiplier,
-                                p.budget ? p.budget->ToDecimal() : std::string(), o.workdir,
-                                 o.retry_failed_compilation)[0][0]
-                         .as<int64_t>();
+    int64_t run_id =
+        impl_
+            ->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed, o.seed,
+                   p.spot_rate_multiplier, p.budget ? p.budget->ToDecimal() : std::string(),
+                   o.workdir, o.retry_failed_compilation)[0][0]
+            .as<int64_t>();
     std::vector<std::string> names, kinds, pools, types, markets, specs;
     std::vector<int> counts, pending;
     for (const auto& s : p.stages) {
@@ -922,8 +922,9 @@ bool Catalog::AcquireArtifact(const std::string& key, int64_t stage_id, int atte
                               const std::string& corrupt_digest) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    bool mine = !impl_->Exec(tx, "AcquireArtifact", key, stage_id, attempt, manifest_json,
-                             retry_failed, corrupt_digest)
+    bool mine = !impl_
+                     ->Exec(tx, "AcquireArtifact", key, stage_id, attempt, manifest_json,
+                            retry_failed, corrupt_digest)
                      .empty();
     tx.commit();
     return mine;
@@ -944,8 +945,9 @@ bool Catalog::FinishArtifact(const std::string& key, int64_t stage_id, int attem
                              const std::string& path, const std::string& failure) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    bool ok = !impl_->Exec(tx, "FinishArtifact", key, stage_id, attempt, state, digest, bytes,
-                           path, failure)
+    bool ok = !impl_
+                   ->Exec(tx, "FinishArtifact", key, stage_id, attempt, state, digest, bytes, path,
+                          failure)
                    .empty();
     tx.commit();
     return ok;
@@ -974,6 +976,15 @@ std::vector<ArtifactRow> Catalog::ListArtifacts() {
     std::vector<ArtifactRow> out;
     for (const auto& row : impl_->Exec(tx, "ListArtifacts")) out.push_back(ReadArtifact(row));
     return out;
+  });
+}
+
+std::optional<std::string> Catalog::StageCacheInputs(int64_t run_id, const std::string& stage) {
+  return impl_->Guard([&]() -> std::optional<std::string> {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "StageCacheInputs", run_id, stage);
+    if (r.empty()) return std::nullopt;
+    return r[0][0].as<std::string>();
   });
 }
 

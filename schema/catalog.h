@@ -30,7 +30,8 @@ namespace trnflow::schema {
 struct SubmitOptions {
   std::string project;  // overrides the pipeline's project when set
   double speed = 3600;  // simulated seconds per wall second
-  int64_t seed = 1;  std::string workdir;  // where run: commands start
+  int64_t seed = 1;
+  std::string workdir;                    // where run: commands start
   bool retry_failed_compilation = false;  // compile keys that failed before are tried again
 };
 
@@ -47,7 +48,8 @@ struct ClaimedStage {
   StageSpec spec;
   Money price_per_hour;  // price snapshot of this attempt
   double speed = 1;
-  int64_t seed = 0;  double spot_rate_multiplier = 1;
+  int64_t seed = 0;
+  double spot_rate_multiplier = 1;
   std::string workdir;
   bool retry_failed_compilation = false;
 };
@@ -205,7 +207,7 @@ struct ArtifactRow {
   std::string digest;
   int64_t bytes = 0;
   std::string path;
-  std::string failure;        // failed: the compiler's message
+  std::string failure;  // failed: the compiler's message
   int64_t hits = 0;
   std::string manifest_json;  // the key's inputs
   std::string last_used_at;
@@ -317,7 +319,8 @@ class Catalog {
   // Creates the project (if new), its group role trnflow_project_NAME with read access, and
   // grants it to each member login role. Returns the group role. UserError for a bad name or
   // a member role that does not exist.
-  std::string AddProject(const std::string& name, const std::vector<std::string>& members);  std::vector<ProjectRow> ListProjects();
+  std::string AddProject(const std::string& name, const std::vector<std::string>& members);
+  std::vector<ProjectRow> ListProjects();
 
   // --- compiled-artifact cache ---------------------------------------------------------------
   // Become the builder of `key` (true) when nobody builds it, its builder's attempt is gone,
@@ -336,6 +339,8 @@ class Catalog {
   std::vector<ArtifactRow> ListArtifacts();
   // Deletes an entry that is not being built; returns its directory, or nullopt.
   std::optional<std::string> DeleteArtifact(const std::string& key);
+  // A stage's cache key inputs: nullopt when the run has no such stage, "" when not cached.
+  std::optional<std::string> StageCacheInputs(int64_t run_id, const std::string& stage);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

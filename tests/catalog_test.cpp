@@ -10,12 +10,14 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "tests/test_db.h"
 #include "tests/test_engine.h"
+#include "workers/artifact_store.h"
 #include "workers/worker.h"
 
 namespace trnflow {
@@ -106,9 +108,12 @@ TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(
       "pipeline: cap\nproject: lab\nstages:\n"
-      "  a: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n"
-      "  b: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n"
-      "  c: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, cache: false}\n");
+      "  a: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, "
+      "cache: false}\n"
+      "  b: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, "
+      "cache: false}\n"
+      "  c: {kind: compile, target: inf2, instance: trn1.32xlarge, count: 2, model: bert-large, "
+      "cache: false}\n");
   int64_t run = c.SubmitRun(p, Fast());
   const std::string me = "00000000-0000-4000-8000-000000000001";
   const std::string other = "00000000-0000-4000-8000-000000000002";
@@ -460,6 +465,97 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
       c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
                    "AND run_id = " +
                    r));
+}
+
+// The compile cache under two workers: identical compiles compile once (the other attempt
+// waits unbilled and is served), a corrupt entry is rebuilt rather than served, and a
+// deterministic compiler failure is remembered until a run asks to retry it.
+TEST(Cache, IdenticalCompilesCompileOnceAndCorruptEntriesAreRebuilt) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: graphs\nproject: lab\nstages:\n"
+      "  compile: {kind: compile, target: inf2, instance: trn1.2xlarge, model: llama-2-7b, "
+      "tp_degree: 2, batch: 1, seq_len: 512}\n");
+  const std::string key = p.Find("compile")->spec.cache_key;
+  ASSERT_EQ(key.size(), 64u);
+  auto opts = Fast();
+  opts.speed = 900;  // the 15-minute compile takes about a second
+  int64_t r1 = c.SubmitRun(p, opts), r2 = c.SubmitRun(p, opts);
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker w1(WorkerOpts({{"trn1", 1}})), w2(WorkerOpts({{"trn1", 1}}));
+  sched.Start();
+  w1.Start();
+  w2.Start();
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, r1) && RunEnded(c, r2); }, 60));
+  EXPECT_EQ(RunState(c, r1), "succeeded");
+  EXPECT_EQ(RunState(c, r2), "succeeded");
+  std::vector<schema::AttemptRow> all = c.GetAttempts(r1);
+  for (const auto& a : c.GetAttempts(r2)) all.push_back(a);
+  ASSERT_EQ(all.size(), 2u);
+  int compiled = 0, served = 0;
+  for (const auto& a : all) {
+    if (a.outcome == "succeeded") ++compiled;
+    if (a.outcome == "cached") {
+      ++served;
+      EXPECT_EQ(a.cost.micros(), 0);
+      EXPECT_GT(a.saved.micros(), 0);
+      EXPECT_NE(a.worker, "") << "served by a worker";
+    }
+  }
+  EXPECT_EQ(compiled, 1);
+  EXPECT_EQ(served, 1);
+  auto entry = c.GetArtifact(key);
+  ASSERT_TRUE(entry);
+  EXPECT_EQ(entry->state, "ready");
+  EXPECT_EQ(entry->hits, 1);
+  // Corrupt the stored graph: the next run must compile again, not be served garbage.
+  std::ofstream(entry->path + "/model.neff", std::ios::trunc) << "garbage";
+  int64_t r3 = c.SubmitRun(p, opts);
+  ASSERT_TRUE(WaitFor([&] { return RunEnded(c, r3); }, 60));
+  ASSERT_EQ(c.GetAttempts(r3).size(), 1u);
+  EXPECT_EQ(c.GetAttempts(r3)[0].outcome, "succeeded");
+  EXPECT_TRUE(workers::VerifyArtifact(c.GetArtifact(key)->path, c.GetArtifact(key)->digest));
+}
+
+TEST(Cache, DeterministicCompileFailuresArePoisonedUntilRetried) {
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(
+      "pipeline: poison\nproject: lab\nstages:\n"
+      "  compile: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
+      "seq_len: 128}\n");
+  // A model with an operator no Neuron target supports; the validator would refuse it, so
+  // the test writes it into the spec the way a stale catalog entry would carry it.
+  auto& spec = p.stages[0].spec;
+  sim::Workload w = sim::WorkloadFromJson(spec.workload_json);
+  w.model.features.push_back("custom_op");
+  spec.workload_json = sim::ToJson(w);
+  spec.cache_inputs = pipelines::CompileCacheInputs(w);
+  spec.cache_key = Sha256Hex(spec.cache_inputs);
+  auto opts = Fast();
+  opts.speed = 3000;
+  scheduler::Scheduler sched(SchedOpts());
+  workers::Worker worker(WorkerOpts({{"trn1", 1}}));
+  sched.Start();
+  worker.Start();
+  auto run_once = [&](bool retry) {
+    opts.retry_failed_compilation = retry;
+    int64_t run = c.SubmitRun(p, opts);
+    EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
+    EXPECT_EQ(RunState(c, run), "failed");
+    return c.GetAttempts(run).at(0);
+  };
+  auto first = run_once(false);
+  EXPECT_EQ(first.outcome, "user_error");
+  EXPECT_NE(first.message.find("NCC_EXTP003"), std::string::npos) << first.message;
+  EXPECT_GT(first.sim_seconds, 0);
+  EXPECT_EQ(c.GetArtifact(spec.cache_key)->state, "failed");
+  auto second = run_once(false);
+  EXPECT_NE(second.message.find("failed to compile before"), std::string::npos) << second.message;
+  EXPECT_EQ(second.sim_seconds, 0);
+  EXPECT_EQ(second.cost.micros(), 0) << "a remembered failure launches nothing";
+  auto third = run_once(true);
+  EXPECT_NE(third.message.find("NCC_EXTP003"), std::string::npos) << "retried: compiled again";
+  EXPECT_GT(third.sim_seconds, 0);
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.

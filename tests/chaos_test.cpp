@@ -136,7 +136,8 @@ std::string BigDag() {
   std::string y =
       "pipeline: chaos\nproject: chaos\ndefaults:\n  retry: {backoff: {initial: 1s, max: 2s}}\n"
       "stages:\n"
-      "  root: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n"
+      "  root: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: "
+      "false}\n"
       "  fan:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
       "    instance: trn1.2xlarge\n    model: bert-large\n    cache: false\n    matrix: {i: [";
   for (int i = 0; i < 1000; ++i) y += (i ? "," : "") + std::to_string(i);
@@ -226,7 +227,8 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   // One stage of ~3 s wall time: bert-large compile (780 simulated s) at speed 260.
   int64_t run = Submit(
       "pipeline: frozen\nproject: chaos\nstages:\n"
-      "  only: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: false}\n",
+      "  only: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, cache: "
+      "false}\n",
       260);
   auto scheduler = Scheduler(9);
   scheduler->Start();

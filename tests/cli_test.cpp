@@ -145,6 +145,46 @@ TEST(Cli, SpendEqualsTheViewsToTheCent) {
   EXPECT_EQ(Trnflow("spend --since yesterday").exit_code, 2);
 }
 
+// Precompile overnight, and the climate pipeline's compile stages are all cache hits.
+TEST(Cli, NightlyPrecompileMakesTheClimateCompilesCacheHits) {
+  std::string home = "TRNFLOW_HOME=" + testing::WriteTempFile("cache-home", "") + ".d";
+  Result nightly = Trnflow("run examples/nightly-precompile/pipeline.yaml --speed 1000000",
+                           "TRNFLOW_SPOT_RATE_MULTIPLIER=0 " + home);
+  ASSERT_EQ(nightly.exit_code, 0) << nightly.out << nightly.err;
+  Result ls = Trnflow("cache ls", home);
+  EXPECT_NE(ls.out.find("24 entries"), std::string::npos) << ls.out;
+  Result plan = Trnflow("plan examples/climate/pipeline.yaml --format json", home);
+  auto j = nlohmann::json::parse(plan.out);
+  for (const auto& s : j["stages"])
+    if (s["kind"] == "compile") {
+      EXPECT_TRUE(s["cached"].get<bool>()) << s.dump();
+      EXPECT_EQ(s["cost_usd"].get<double>(), 0.0);
+    }
+  Result climate = Trnflow("run examples/climate/pipeline.yaml --speed 1000000",
+                           "TRNFLOW_SPOT_RATE_MULTIPLIER=0 " + home);
+  ASSERT_EQ(climate.exit_code, 0) << climate.err;
+  auto show = nlohmann::json::parse(
+      Trnflow("show " + std::to_string(RunIdFrom(climate.out)) + " --format json", home).out);
+  int cached = 0;
+  for (const auto& s : show["stages"])
+    if (s["kind"] == "compile") {
+      EXPECT_EQ(s["state"], "cached") << s.dump();
+      EXPECT_EQ(s["attempts"][0]["cost_usd"].get<double>(), 0.0);
+      EXPECT_GT(s["attempts"][0]["saved_usd"].get<double>(), 0.0);
+      ++cached;
+    }
+  EXPECT_EQ(cached, 6);
+  // gc keeps the most recently used entries: the six climate graphs were just used.
+  Result gc = Trnflow("cache gc --max-bytes 700000", home);
+  EXPECT_EQ(gc.exit_code, 0) << gc.err;
+  Result after = Trnflow("cache ls", home);
+  EXPECT_NE(after.out.find("6 entries"), std::string::npos) << gc.out << after.out;
+  EXPECT_EQ(std::count(after.out.begin(), after.out.end(), '\n'), 9) << after.out;
+  EXPECT_EQ(after.out.find("llama-2-7b"), std::string::npos) << "least recently used go first";
+  Result verify = Trnflow("cache verify", home);
+  EXPECT_NE(verify.out.find("6 entries verified, 0 corrupt"), std::string::npos) << verify.out;
+}
+
 TEST(Cli, FailingStageFailsTheRunWithExitOne) {
   std::string file = WriteTemp("fail.yaml",
                                "pipeline: failing\nproject: lab\nstages:\n"

@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "pipelines/dag.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/plan.h"
+#include "sim/catalog.h"
 
 namespace trnflow::pipelines {
 namespace {
@@ -240,6 +242,43 @@ TEST(Parser, RunExpressionsAreKeptForRunTime) {
   std::string arg = r.pipeline->Find("a")->spec.command.argv[1];
   EXPECT_EQ(arg, "${{ run.dir }}/d");
   EXPECT_EQ(SubstituteRunExpressions(arg, "7", "/h/runs/7"), "/h/runs/7/d");
+}
+
+TEST(CacheKey, StableForTheSameGraphNewForAnyGraphChange) {
+  sim::Workload w;
+  w.kind = StageKind::kCompile;
+  w.model = *sim::Catalog::Builtin().FindModel("llama-2-7b");
+  w.target = "inf2";
+  w.batch = 8;
+  w.seq_len = 2048;
+  w.tp_degree = 2;
+  w.compiler_flags = {"-O2", "--auto-cast=none"};
+  auto key = [](const sim::Workload& x) { return Sha256Hex(CompileCacheInputs(x)); };
+  const std::string base = key(w);
+  ASSERT_EQ(base.size(), 64u);
+  EXPECT_EQ(key(w), base);
+  sim::Workload x = w;
+  std::reverse(x.compiler_flags.begin(), x.compiler_flags.end());
+  EXPECT_EQ(key(x), base) << "flag order must not matter";
+  x = w, x.tokens = 9e12;  // training more (new weights) does not change the graph
+  EXPECT_EQ(key(x), base);
+  for (auto change : std::vector<std::function<void(sim::Workload&)>>{
+           [](sim::Workload& v) { v.batch = 1; }, [](sim::Workload& v) { v.seq_len = 4096; },
+           [](sim::Workload& v) { v.tp_degree = 8; }, [](sim::Workload& v) { v.target = "trn1"; },
+           [](sim::Workload& v) { v.dtype = "fp16"; },
+           [](sim::Workload& v) { v.compiler_flags.push_back("--verbose"); },
+           [](sim::Workload& v) { v.model.layers = 33; },
+           [](sim::Workload& v) { v.model = *sim::Catalog::Builtin().FindModel("llama-2-13b"); }}) {
+    x = w;
+    change(x);
+    EXPECT_NE(key(x), base) << CompileCacheInputs(x);
+  }
+  // In a pipeline: each matrix combination has its own key; only cached compiles have one.
+  auto r = ParsePipeline(kSmall, "p.yaml", {});
+  ASSERT_TRUE(r.pipeline);
+  EXPECT_NE(r.pipeline->Find("compile[batch=1,seq_len=128]")->spec.cache_key,
+            r.pipeline->Find("compile[batch=8,seq_len=128]")->spec.cache_key);
+  EXPECT_TRUE(r.pipeline->Find("train")->spec.cache_key.empty());
 }
 
 TEST(Dag, TopologicalOrderPutsNeedsFirst) {

@@ -45,6 +45,7 @@ struct ExecResult {
   double progress_to = 0;    // durable progress at the end (checkpointed), 0..1
   double lost_fraction = 0;  // share of this attempt's time whose work was lost
   std::string message;
+  bool ran_instance = true;  // false: nothing was launched (capacity, cache), nothing billed
 };
 
 class Executor {

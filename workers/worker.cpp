@@ -323,7 +323,8 @@ struct Worker::Impl {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
       run->metrics_dirty = true;
-    };    ExecResult er;
+    };
+    ExecResult er;
     try {
       if (c.spec.kind == StageKind::kCompile && !c.spec.cache_key.empty())
         er = RunCachedCompile(ctx, c);
@@ -373,6 +374,7 @@ struct Worker::Impl {
       if (ctx.stop_reason() != StopReason::kNone) {
         ExecResult r;
         r.outcome = Outcome::kCancelled;
+        r.ran_instance = false;
         r.progress_to = c.progress;
         r.message = "stopped while waiting for the compile cache";
         return r;
@@ -399,6 +401,7 @@ struct Worker::Impl {
           cat.RecordArtifactHit(key);
           ExecResult r;
           r.outcome = Outcome::kCached;
+          r.ran_instance = false;
           r.progress_to = 1;
           r.message = "compiled graph " + a->digest.substr(0, 12) + " from the cache";
           return r;
@@ -411,6 +414,7 @@ struct Worker::Impl {
       if (a->state == "failed") {
         ExecResult r;
         r.outcome = Outcome::kUserError;
+        r.ran_instance = false;
         r.message = "this graph failed to compile before (" + a->failure +
                     "); rerun with --retry-failed-compilation to try again";
         return r;
@@ -454,15 +458,14 @@ struct Worker::Impl {
       r.retry_in_s = d.retry_in_s / std::max(1e-9, c.speed);
       if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
         r.message += (r.message.empty() ? "" : "; ") + d.reason;
-    }    if (r.outcome == Outcome::kCached) {
+    }
+    if (r.outcome == Outcome::kCached) {
       // Served from the cache: no instance, and the compile it spared is saved.
       sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
       if (const auto* t = sim::Catalog::Builtin().FindInstance(c.spec.instance))
-        r.saved = Charge(c.price_per_hour, c.instance_count,
-                         sim::EstimateCompile(w, *t).seconds);
-    }
-    // No instance ran when capacity was unavailable or the cache served it: nothing to bill.
-    if (r.outcome != Outcome::kCapacityUnavailable && r.outcome != Outcome::kCached) {
+        r.saved = Charge(c.price_per_hour, c.instance_count, sim::EstimateCompile(w, *t).seconds);
+    }  // No instance ran when capacity was unavailable or the cache answered: nothing to bill.
+    if (er.ran_instance && r.outcome != Outcome::kCapacityUnavailable) {
       r.billed_seconds = BilledSeconds(er.sim_seconds);
       r.cost = Charge(c.price_per_hour, c.instance_count, er.sim_seconds);
       r.wasted = Money::FromMicros(static_cast<int64_t>(

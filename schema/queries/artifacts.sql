@@ -19,7 +19,7 @@ RETURNING a.id;
 -- name: GetArtifact
 SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
        coalesce(failure, ''), hits, manifest::text,
-       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(builder_stage, 0)
 FROM trnflow.artifacts WHERE cache_key = $1;
@@ -48,7 +48,7 @@ WHERE cache_key = $1 AND state = 'ready';
 -- name: ListArtifacts
 SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
        coalesce(failure, ''), hits, manifest::text,
-       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(builder_stage, 0)
 FROM trnflow.artifacts
@@ -57,3 +57,6 @@ ORDER BY last_used_at DESC NULLS LAST, cache_key;
 -- name: DeleteArtifact
 -- Never an entry being built.
 DELETE FROM trnflow.artifacts WHERE cache_key = $1 AND state <> 'building' RETURNING coalesce(path, '');
+
+-- name: StageCacheInputs
+SELECT coalesce(spec->>'cache_inputs', '') FROM trnflow.stages WHERE run_id = $1 AND name = $2;

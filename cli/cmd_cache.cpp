@@ -1,0 +1,197 @@
+// trnflow cache ls / show / rm / verify / gc / why: the compiled-artifact cache.
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/duration.h"
+#include "common/error.h"
+#include "common/sha256.h"
+#include "workers/artifact_store.h"
+
+namespace trnflow::cli {
+namespace {
+
+// "llama-2-7b", "b8 s2048 tp2", "inf2" from a manifest (the key's inputs).
+struct Described {
+  std::string model, shapes, target;
+};
+
+Described Describe(const std::string& manifest) {
+  auto j = nlohmann::json::parse(manifest, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return {"?", "?", "?"};
+  return {j["model"].value("name", "?"),
+          "b" + std::to_string(j.value("batch", 0)) + " s" + std::to_string(j.value("seq_len", 0)) +
+              " tp" + std::to_string(j.value("tp_degree", 0)),
+          j.value("target", "?")};
+}
+
+std::string Bytes(int64_t b) {
+  char buf[32];
+  if (b >= (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  return buf;
+}
+
+// The one entry whose key starts with `prefix` (at least 6 characters).
+schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
+  if (prefix.size() < 6) throw UserError("give at least 6 characters of the key");
+  std::vector<schema::ArtifactRow> found;
+  for (auto& a : c.ListArtifacts())
+    if (a.key.rfind(prefix, 0) == 0) found.push_back(std::move(a));
+  if (found.empty()) throw UserError("no cache entry with key " + prefix + "; `trnflow cache ls` lists them");
+  if (found.size() > 1) throw UserError("key " + prefix + " is ambiguous; give more of it");
+  return found[0];
+}
+
+}  // namespace
+
+int CmdCacheList() {
+  auto catalog = OpenCatalog();
+  std::vector<std::vector<std::string>> rows;
+  int64_t total = 0;
+  for (const auto& a : catalog->ListArtifacts()) {
+    Described d = Describe(a.manifest_json);
+    rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, a.state, Bytes(a.bytes),
+                    std::to_string(a.hits), a.last_used_at.substr(0, 19)});
+    total += a.bytes;
+  }
+  if (rows.empty()) {
+    std::cout << "the cache is empty\n";
+    return kExitOk;
+  }
+  std::cout << Table({"KEY", "MODEL", "SHAPES", "TARGET", "STATE", ">BYTES", ">HITS", "LAST USE"},
+                     rows)
+            << "\n" << rows.size() << " entries, " << Bytes(total) << "\n";
+  return kExitOk;
+}
+
+int CmdCacheShow(const std::string& key) {
+  auto catalog = OpenCatalog();
+  auto a = FindEntry(*catalog, key);
+  nlohmann::ordered_json j = {{"key", a.key},
+                              {"state", a.state},
+                              {"digest", a.digest},
+                              {"bytes", a.bytes},
+                              {"path", a.path},
+                              {"hits", a.hits},
+                              {"created_at", a.created_at},
+                              {"last_used_at", a.last_used_at},
+                              {"inputs", nlohmann::json::parse(a.manifest_json, nullptr, false)}};
+  if (!a.failure.empty()) j["failure"] = a.failure;
+  std::cout << j.dump(2) << "\n";
+  return kExitOk;
+}
+
+int CmdCacheRemove(const std::string& key) {
+  auto catalog = OpenCatalog();
+  auto a = FindEntry(*catalog, key);
+  auto path = catalog->DeleteArtifact(a.key);
+  if (!path) throw UserError("entry " + key + " is being built; try again when it is done");
+  workers::RemoveArtifact(*path);
+  std::cout << "removed " << a.key << "\n";
+  return kExitOk;
+}
+
+int CmdCacheVerify() {
+  auto catalog = OpenCatalog();
+  int ok = 0, dropped = 0;
+  for (const auto& a : catalog->ListArtifacts()) {
+    if (a.state != "ready") continue;
+    if (workers::VerifyArtifact(a.path, a.digest)) {
+      ++ok;
+      continue;
+    }
+    if (auto path = catalog->DeleteArtifact(a.key)) workers::RemoveArtifact(*path);
+    std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ") dropped\n";
+    ++dropped;
+  }
+  std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped\n";
+  return kExitOk;
+}
+
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
+  if (max_bytes.empty() == older_than.empty())
+    throw UserError("give one of --max-bytes N or --older-than D (e.g. 30d)");
+  auto catalog = OpenCatalog();
+  std::vector<schema::ArtifactRow> ready;
+  int64_t total = 0;
+  for (auto& a : catalog->ListArtifacts())
+    if (a.state == "ready") total += a.bytes, ready.push_back(std::move(a));
+  // Least recently used first; entries being built are never touched.
+  std::sort(ready.begin(), ready.end(),
+            [](const auto& x, const auto& y) { return x.last_used_at < y.last_used_at; });
+  int64_t limit = -1;
+  std::string cutoff;
+  if (!max_bytes.empty()) {
+    try {
+      limit = std::stoll(max_bytes);
+    } catch (const std::exception&) {
+    }
+    if (limit < 0) throw UserError("--max-bytes " + max_bytes + ": expected a number of bytes");
+  } else {
+    auto age = ParseDuration(older_than);
+    if (!age) throw UserError("--older-than " + older_than + ": expected a duration like 30d or 12h");
+    std::time_t t = std::time(nullptr) - static_cast<std::time_t>(*age);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S.000000Z", std::gmtime(&t));
+    cutoff = buf;
+  }
+  int removed = 0;
+  for (const auto& a : ready) {
+    bool drop = limit >= 0 ? total > limit : a.last_used_at < cutoff;
+    if (!drop) continue;
+    if (auto path = catalog->DeleteArtifact(a.key)) {
+      workers::RemoveArtifact(*path);
+      total -= a.bytes;
+      ++removed;
+      std::cout << "removed " << a.key.substr(0, 12) << " (last used " << a.last_used_at << ")\n";
+    }
+  }
+  std::cout << removed << " entries removed; the cache holds " << Bytes(total) << "\n";
+  return kExitOk;
+}
+
+int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  auto row = catalog->StageCacheInputs(run_id, stage);
+  if (!row) throw UserError("run " + run_text + " has no stage '" + stage + "'");
+  if (row->empty()) {
+    std::cout << "stage " << stage << " is not cached (only compile stages with cache: true are)\n";
+    return kExitOk;
+  }
+  auto mine = nlohmann::json::parse(*row);
+  std::string key = Sha256Hex(*row);
+  if (auto a = catalog->GetArtifact(key)) {
+    std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", "
+              << a->hits << " hits)\n";
+    return kExitOk;
+  }
+  // The closest cached key: the fewest differing inputs.
+  std::vector<std::string> best_diff;
+  std::string best_key;
+  for (const auto& a : catalog->ListArtifacts()) {
+    auto theirs = nlohmann::json::parse(a.manifest_json, nullptr, false);
+    if (theirs.is_discarded()) continue;
+    std::vector<std::string> diff;
+    auto flat_mine = mine.flatten(), flat_theirs = theirs.flatten();
+    for (auto& [k, v] : flat_mine.items())
+      if (!flat_theirs.contains(k) || flat_theirs[k] != v)
+        diff.push_back(k.substr(1) + ": " + v.dump() + " (cached: " +
+                       (flat_theirs.contains(k) ? flat_theirs[k].dump() : "absent") + ")");
+    if (best_key.empty() || diff.size() < best_diff.size()) best_key = a.key, best_diff = diff;
+  }
+  std::cout << "miss: key " << key.substr(0, 12) << " is not in the cache\n";
+  if (best_key.empty()) {
+    std::cout << "the cache is empty\n";
+    return kExitOk;
+  }
+  std::cout << "closest cached key " << best_key.substr(0, 12) << " differs in:\n";
+  for (const auto& d : best_diff) std::cout << "  " << d << "\n";
+  return kExitOk;
+}
+
+}  // namespace trnflow::cli
