@@ -11,7 +11,9 @@ cmake --build build-fuzz --target fuzz_pipeline -j "$(nproc)"
 corpus=$(mktemp -d)
 seeds=$(mktemp -d)
 trap 'rm -rf "$corpus" "$seeds"' EXIT
-cp examples/*/*.yaml tests/broken/*.yaml "$seeds"/
+for f in examples/*/*.yaml tests/broken/*.yaml; do  # unique names: examples share one
+  cp "$f" "$seeds/$(echo "$f" | tr / _)"
+done
 echo "== fuzzing the pipeline parser for ${seconds}s"
 build-fuzz/fuzz_pipeline -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 \
   -max_len=65536 -dict=tests/fuzz/pipeline.dict -print_final_stats=1 \

@@ -1247,19 +1247,10 @@ std::string SubstituteRunExpressions(const std::string& text, const std::string&
 std::string CompileCacheInputs(const sim::Workload& w) {
   std::vector<std::string> flags = w.compiler_flags;
   std::sort(flags.begin(), flags.end());
-  const sim::Model& m = w.model;
-  // nlohmann::json objects keep their keys sorted: the dump is canonical.
-  nlohmann::json j = {{"model",
-                       {{"name", m.name},
-                        {"architecture", m.architecture},
-                        {"parameters", m.parameters},
-                        {"layers", m.layers},
-                        {"hidden", m.hidden},
-                        {"heads", m.heads},
-                        {"kv_heads", m.kv_heads},
-                        {"vocab", m.vocab},
-                        {"context", m.context},
-                        {"features", m.features}}},
+  // The model's architecture as the workload serializes it (its name, size, shape and
+  // operators); nlohmann::json objects keep their keys sorted, so the dump is canonical.
+  nlohmann::json model = nlohmann::json::parse(sim::ToJson(w)).at("model");
+  nlohmann::json j = {{"model", model},
                       {"batch", w.batch},
                       {"seq_len", w.seq_len},
                       {"dtype", w.dtype},
