@@ -563,7 +563,10 @@ class EngineConcurrency : public ::testing::TestWithParam<int> {};
 
 TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
   schema::Catalog c(TestDatabase::url());
-  int64_t run = c.SubmitRun(MustParse(FanOut(120)), Fast());
+  // ~8 ms of wall time per stage, so several workers really share the fan-out.
+  auto opts = Fast();
+  opts.speed = 1e5;
+  int64_t run = c.SubmitRun(MustParse(FanOut(120)), opts);
   scheduler::Scheduler sched(SchedOpts());
   std::vector<std::unique_ptr<workers::Worker>> fleet;
   for (int i = 0; i < GetParam(); ++i)
