@@ -10,7 +10,7 @@ packages=(
   libpqxx-dev libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libboost-dev
   libboost-filesystem-dev libssl-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   postgresql-15 python3 procps
-  clang libclang-rt-14-dev python3-yaml python3-jsonschema
+  clang libclang-rt-14-dev python3-yaml python3-jsonschema libhowardhinnant-date-dev tzdata
 )
 
 missing=()
