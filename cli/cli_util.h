@@ -28,6 +28,11 @@ struct RunArgs {
   bool retry_failed_compilation = false;
 };
 
+struct ScheduleArgs {
+  std::string name, cron, tz = "UTC", catchup = "latest";
+  RunArgs run;  // file, project, params, speed
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };

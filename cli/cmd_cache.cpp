@@ -30,8 +30,10 @@ Described Describe(const std::string& manifest) {
 
 std::string Bytes(int64_t b) {
   char buf[32];
-  if (b >= (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  if (b >= (1 << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
   return buf;
 }
 
@@ -41,7 +43,8 @@ schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
   std::vector<schema::ArtifactRow> found;
   for (auto& a : c.ListArtifacts())
     if (a.key.rfind(prefix, 0) == 0) found.push_back(std::move(a));
-  if (found.empty()) throw UserError("no cache entry with key " + prefix + "; `trnflow cache ls` lists them");
+  if (found.empty())
+    throw UserError("no cache entry with key " + prefix + "; `trnflow cache ls` lists them");
   if (found.size() > 1) throw UserError("key " + prefix + " is ambiguous; give more of it");
   return found[0];
 }
@@ -64,7 +67,8 @@ int CmdCacheList() {
   }
   std::cout << Table({"KEY", "MODEL", "SHAPES", "TARGET", "STATE", ">BYTES", ">HITS", "LAST USE"},
                      rows)
-            << "\n" << rows.size() << " entries, " << Bytes(total) << "\n";
+            << "\n"
+            << rows.size() << " entries, " << Bytes(total) << "\n";
   return kExitOk;
 }
 
@@ -133,7 +137,8 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
     if (limit < 0) throw UserError("--max-bytes " + max_bytes + ": expected a number of bytes");
   } else {
     auto age = ParseDuration(older_than);
-    if (!age) throw UserError("--older-than " + older_than + ": expected a duration like 30d or 12h");
+    if (!age)
+      throw UserError("--older-than " + older_than + ": expected a duration like 30d or 12h");
     std::time_t t = std::time(nullptr) - static_cast<std::time_t>(*age);
     char buf[32];
     std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S.000000Z", std::gmtime(&t));
@@ -166,8 +171,8 @@ int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
   auto mine = nlohmann::json::parse(*row);
   std::string key = Sha256Hex(*row);
   if (auto a = catalog->GetArtifact(key)) {
-    std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", "
-              << a->hits << " hits)\n";
+    std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", " << a->hits
+              << " hits)\n";
     return kExitOk;
   }
   // The closest cached key: the fewest differing inputs.

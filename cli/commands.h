@@ -31,6 +31,10 @@ int CmdBudgetList(const std::string& format);
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members);
 int CmdProjectList();
 
+int CmdScheduleAdd(const ScheduleArgs& args);
+int CmdScheduleList();
+int CmdSchedulePause(const std::string& name, bool paused);
+int CmdScheduleRemove(const std::string& name);
 int CmdCacheList();
 int CmdCacheShow(const std::string& key);
 int CmdCacheRemove(const std::string& key);

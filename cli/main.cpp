@@ -136,6 +136,29 @@ int main(int argc, char** argv) {
   project_add->add_option("NAME", project_name, "project name")->required();
   project_add->add_option("--member", project_members, "a login role to add (repeatable)");
   auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
+  auto* schedule = app.add_subcommand("schedule", "cron schedules (nightly precompilation)");
+  schedule->require_subcommand(1);
+  ScheduleArgs sched_args;
+  std::string sched_name;
+  auto* sched_add = schedule->add_subcommand("add", "run a pipeline on a cron schedule");
+  sched_add->add_option("NAME", sched_args.name, "schedule name")->required();
+  sched_add->add_option("FILE", sched_args.run.file, "pipeline YAML file")->required();
+  sched_add->add_option("--cron", sched_args.cron, "five fields, e.g. \"0 2 * * *\"")->required();
+  sched_add->add_option("--tz", sched_args.tz, "IANA time zone (default UTC)");
+  sched_add
+      ->add_option("--catchup", sched_args.catchup, "missed slots: none, latest (default) or all")
+      ->check(CLI::IsMember({"none", "latest", "all"}));
+  sched_add->add_option("--param", sched_args.run.params, "key=value (repeatable)");
+  sched_add->add_option("--project", sched_args.run.project, "project to charge");
+  sched_add->add_option("--speed", sched_args.run.speed, "simulated seconds per wall second");
+  auto* sched_ls = schedule->add_subcommand("ls", "schedules with their next slot");
+  auto* sched_pause = schedule->add_subcommand("pause", "stop firing a schedule");
+  sched_pause->add_option("NAME", sched_name, "schedule")->required();
+  auto* sched_resume = schedule->add_subcommand("resume", "fire it again, from now on");
+  sched_resume->add_option("NAME", sched_name, "schedule")->required();
+  auto* sched_rm = schedule->add_subcommand("rm", "remove a schedule");
+  sched_rm->add_option("NAME", sched_name, "schedule")->required();
+
   auto* cache = app.add_subcommand("cache", "the compiled-artifact (NEFF) cache");
   cache->require_subcommand(1);
   std::string cache_key, gc_max_bytes, gc_older_than, why_run, why_stage;
@@ -188,6 +211,11 @@ int main(int argc, char** argv) {
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
+    if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
+    if (sched_ls->parsed()) return CmdScheduleList();
+    if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
+    if (sched_resume->parsed()) return CmdSchedulePause(sched_name, false);
+    if (sched_rm->parsed()) return CmdScheduleRemove(sched_name);
     if (cache_ls->parsed()) return CmdCacheList();
     if (cache_show->parsed()) return CmdCacheShow(cache_key);
     if (cache_rm->parsed()) return CmdCacheRemove(cache_key);

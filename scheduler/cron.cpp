@@ -88,11 +88,26 @@ std::optional<CronExpr> ParseCron(const std::string& text, std::string* error) {
   CronExpr c;
   bool any = false;
   const Field minute{"minute", 0, 59, {}}, hour{"hour", 0, 23, {}}, day{"day", 1, 31, {}};
-  const Field month{"month", 1, 12, {{"JAN", 1}, {"FEB", 2}, {"MAR", 3}, {"APR", 4}, {"MAY", 5},
-                                     {"JUN", 6}, {"JUL", 7}, {"AUG", 8}, {"SEP", 9}, {"OCT", 10},
-                                     {"NOV", 11}, {"DEC", 12}}};
-  const Field weekday{"weekday", 0, 7, {{"SUN", 0}, {"MON", 1}, {"TUE", 2}, {"WED", 3},
-                                        {"THU", 4}, {"FRI", 5}, {"SAT", 6}}};
+  const Field month{"month",
+                    1,
+                    12,
+                    {{"JAN", 1},
+                     {"FEB", 2},
+                     {"MAR", 3},
+                     {"APR", 4},
+                     {"MAY", 5},
+                     {"JUN", 6},
+                     {"JUL", 7},
+                     {"AUG", 8},
+                     {"SEP", 9},
+                     {"OCT", 10},
+                     {"NOV", 11},
+                     {"DEC", 12}}};
+  const Field weekday{
+      "weekday",
+      0,
+      7,
+      {{"SUN", 0}, {"MON", 1}, {"TUE", 2}, {"WED", 3}, {"THU", 4}, {"FRI", 5}, {"SAT", 6}}};
   std::bitset<8> wd_bits;  // 0..7: Sunday may be written 7, folded onto 0 below
   if (!ParseField(parts[0], minute, &c.minute, &any, error) ||
       !ParseField(parts[1], hour, &c.hour, &any, error) ||
@@ -126,9 +141,9 @@ std::optional<SysTime> NextSlot(const CronExpr& c, const std::string& tz_name, S
     bool dom = c.day[static_cast<unsigned>(ymd.day())];
     bool dow = c.weekday[wd.c_encoding()];
     bool day_ok = c.day_any && c.weekday_any ? true
-                  : c.day_any               ? dow
-                  : c.weekday_any           ? dom
-                                            : (dom || dow);
+                  : c.day_any                ? dow
+                  : c.weekday_any            ? dom
+                                             : (dom || dow);
     if (!c.month[static_cast<unsigned>(ymd.month())] || !day_ok) {
       local = day + date::days(1);
       continue;

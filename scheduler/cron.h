@@ -17,9 +17,9 @@ namespace trnflow::scheduler {
 struct CronExpr {
   std::bitset<60> minute;
   std::bitset<24> hour;
-  std::bitset<32> day;    // 1..31
-  std::bitset<13> month;  // 1..12
-  std::bitset<7> weekday; // 0 = Sunday
+  std::bitset<32> day;     // 1..31
+  std::bitset<13> month;   // 1..12
+  std::bitset<7> weekday;  // 0 = Sunday
   bool day_any = true;
   bool weekday_any = true;
 };

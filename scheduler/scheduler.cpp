@@ -1,12 +1,15 @@
 #include "scheduler/scheduler.h"
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "common/money.h"
 #include "common/retry_policy.h"
+#include "pipelines/pipeline.h"
+#include "scheduler/cron.h"
 #include "schema/catalog.h"
 
 namespace trnflow::scheduler {
@@ -74,6 +77,65 @@ void GuardBudgets(schema::Catalog& c) {
 
 }  // namespace
 
+int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point now) {
+  auto log = Logger("scheduler.cron");
+  auto epoch = [](SysTime t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  int fired = 0;
+  for (const auto& s : c.ListSchedules()) {
+    if (s.paused) continue;
+    std::string error;
+    auto cron = ParseCron(s.cron, &error);
+    if (!cron || !IsTimeZone(s.tz)) {
+      log->error("schedule={}: cannot evaluate '{}' in {}: {}", s.name, s.cron, s.tz, error);
+      continue;
+    }
+    std::vector<SysTime> due;
+    SysTime t{std::chrono::duration_cast<SysTime::duration>(
+        std::chrono::duration<double>(s.last_slot_epoch))};
+    while (due.size() < 1000) {
+      auto next = NextSlot(*cron, s.tz, t);
+      if (!next || *next > now) break;
+      due.push_back(t = *next);
+    }
+    if (due.empty()) continue;
+    std::vector<SysTime> fire;
+    if (s.catchup == "all")
+      fire = due;
+    else if (s.catchup == "latest")
+      fire = {due.back()};
+    else if (now - due.back() <= std::chrono::minutes(2))
+      fire = {due.back()};
+    if (!fire.empty()) {
+      nlohmann::json params = nlohmann::json::parse(s.params_json, nullptr, false);
+      pipelines::LoadOptions opts;
+      if (params.is_object())
+        for (auto& [k, v] : params.items()) opts.params[k] = v.get<std::string>();
+      opts.project = s.project;
+      auto loaded = pipelines::ParsePipeline(s.source, s.file, opts);
+      if (!loaded.pipeline) {
+        log->error("schedule={}: its pipeline no longer validates:\n{}", s.name,
+                   loaded.diagnostics.Format());
+      } else {
+        schema::SubmitOptions so;
+        so.project = s.project;
+        so.speed = s.speed;
+        so.workdir = s.workdir;
+        for (SysTime slot : fire) {
+          so.seed = static_cast<int64_t>(epoch(slot));  // each slot its own market
+          if (int64_t run = c.FireSchedule(s.name, epoch(slot), *loaded.pipeline, so)) {
+            ++fired;
+            log->info("schedule={} slot={} run={}", s.name, static_cast<int64_t>(epoch(slot)), run);
+          }
+        }
+      }
+    }
+    c.AdvanceSchedule(s.name, epoch(due.back()));
+  }
+  return fired;
+}
+
 Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
 
 Scheduler::~Scheduler() { Stop(); }
@@ -122,6 +184,11 @@ void Scheduler::Loop() {
            return r;
          });
          if (n) Logger("scheduler.rescuer")->info("rescued={}", n);
+       }},
+      {"cron", options_.cron_every_s,
+       [&](schema::Catalog& c) {
+         if (int n = FireDueSchedules(c, std::chrono::system_clock::now()))
+           Logger("scheduler.cron")->info("fired runs={}", n);
        }},
       {"budget", options_.budget_every_s, [&](schema::Catalog& c) { GuardBudgets(c); }},
       {"finisher", options_.finish_every_s,

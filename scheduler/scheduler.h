@@ -5,11 +5,22 @@
 // tick is logged and the loop carries on; a lost connection is re-opened with backoff (and
 // leadership re-contested). Start/Stop may be called from any one thread.
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
 
+namespace trnflow::schema {
+class Catalog;
+}
+
 namespace trnflow::scheduler {
+
+// The cron service's tick: fires every schedule's due slots (those after its last slot, up to
+// `now`) under its catch-up policy — all: each missed slot; latest: only the newest; none:
+// only a slot that is on time (within two minutes) — each at most once whichever scheduler
+// fires it. Returns the runs submitted. Leader-only in the daemon; callable from tests.
+int FireDueSchedules(schema::Catalog& catalog, std::chrono::system_clock::time_point now);
 
 struct SchedulerOptions {
   std::string database_url;
@@ -18,6 +29,7 @@ struct SchedulerOptions {
   double rescue_every_s = 1.0;
   double finish_every_s = 2.0;
   double budget_every_s = 1.0;
+  double cron_every_s = 5.0;
   uint64_t seed = 0;  // jitter of intervals and of retry backoff
 };
 

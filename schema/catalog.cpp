@@ -178,6 +178,45 @@ struct Catalog::Impl {
          TextArray(messages), TextArray(data));
   }
 
+  // Pipeline (stored once per text), run, stages and dependencies, within `tx`.
+  int64_t Submit(pqxx::work& tx, const pipelines::Pipeline& p, const SubmitOptions& o) {
+    std::string project = o.project.empty() ? p.project : o.project;
+    Exec(tx, "EnsureProject", project);
+    int64_t pipeline_id =
+        Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
+    nlohmann::json params(p.params);
+    int64_t run_id = Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed, o.seed,
+                          p.spot_rate_multiplier, p.budget ? p.budget->ToDecimal() : std::string(),
+                          o.workdir, o.retry_failed_compilation)[0][0]
+                         .as<int64_t>();
+    std::vector<std::string> names, kinds, pools, types, markets, specs;
+    std::vector<int> counts, pending;
+    for (const auto& s : p.stages) {
+      names.push_back(s.spec.name);
+      kinds.emplace_back(ToString(s.spec.kind));
+      pools.push_back(s.pool);
+      types.push_back(s.spec.instance);
+      counts.push_back(s.spec.count);
+      markets.emplace_back(ToString(s.spec.market));
+      pending.push_back(static_cast<int>(s.needs.size()));
+      specs.push_back(ToJson(s.spec));
+    }
+    pqxx::result ids = Exec(tx, "InsertStages", run_id, TextArray(names), TextArray(kinds),
+                            TextArray(pools), TextArray(types), NumberArray(counts),
+                            TextArray(markets), NumberArray(pending), TextArray(specs));
+    std::unordered_map<std::string, int64_t> id_of;
+    for (const auto& row : ids) id_of[row[1].as<std::string>()] = row[0].as<int64_t>();
+    std::vector<int64_t> from, to;
+    for (const auto& s : p.stages)
+      for (const auto& n : s.needs) {
+        from.push_back(id_of.at(s.spec.name));
+        to.push_back(id_of.at(n));
+      }
+    if (!from.empty()) Exec(tx, "InsertStageDeps", NumberArray(from), NumberArray(to));
+    Exec(tx, "NotifyReadyPools", run_id);
+    return run_id;
+  }
+
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
     pqxx::result r =
         run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids)) : Exec(tx, "FinishRuns", nullptr);
@@ -352,42 +391,7 @@ void Catalog::RequireCurrentSchema() {
 int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::string project = o.project.empty() ? p.project : o.project;
-    impl_->Exec(tx, "EnsureProject", project);
-    int64_t pipeline_id =
-        impl_->Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
-    nlohmann::json params(p.params);
-    int64_t run_id =
-        impl_
-            ->Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed, o.seed,
-                   p.spot_rate_multiplier, p.budget ? p.budget->ToDecimal() : std::string(),
-                   o.workdir, o.retry_failed_compilation)[0][0]
-            .as<int64_t>();
-    std::vector<std::string> names, kinds, pools, types, markets, specs;
-    std::vector<int> counts, pending;
-    for (const auto& s : p.stages) {
-      names.push_back(s.spec.name);
-      kinds.emplace_back(ToString(s.spec.kind));
-      pools.push_back(s.pool);
-      types.push_back(s.spec.instance);
-      counts.push_back(s.spec.count);
-      markets.emplace_back(ToString(s.spec.market));
-      pending.push_back(static_cast<int>(s.needs.size()));
-      specs.push_back(ToJson(s.spec));
-    }
-    pqxx::result ids = impl_->Exec(tx, "InsertStages", run_id, TextArray(names), TextArray(kinds),
-                                   TextArray(pools), TextArray(types), NumberArray(counts),
-                                   TextArray(markets), NumberArray(pending), TextArray(specs));
-    std::unordered_map<std::string, int64_t> id_of;
-    for (const auto& row : ids) id_of[row[1].as<std::string>()] = row[0].as<int64_t>();
-    std::vector<int64_t> from, to;
-    for (const auto& s : p.stages)
-      for (const auto& n : s.needs) {
-        from.push_back(id_of.at(s.spec.name));
-        to.push_back(id_of.at(n));
-      }
-    if (!from.empty()) impl_->Exec(tx, "InsertStageDeps", NumberArray(from), NumberArray(to));
-    impl_->Exec(tx, "NotifyReadyPools", run_id);
+    int64_t run_id = impl_->Submit(tx, p, o);
     tx.commit();
     return run_id;
   });
@@ -976,6 +980,83 @@ std::vector<ArtifactRow> Catalog::ListArtifacts() {
     std::vector<ArtifactRow> out;
     for (const auto& row : impl_->Exec(tx, "ListArtifacts")) out.push_back(ReadArtifact(row));
     return out;
+  });
+}
+
+bool Catalog::AddSchedule(const ScheduleRow& r) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool added = !impl_
+                      ->Exec(tx, "AddSchedule", r.name, r.file, r.source, r.params_json, r.project,
+                             r.cron, r.tz, r.catchup, r.speed, r.workdir)
+                      .empty();
+    tx.commit();
+    return added;
+  });
+}
+
+std::vector<ScheduleRow> Catalog::ListSchedules() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<ScheduleRow> out;
+    for (const auto& row : impl_->Exec(tx, "ListSchedules")) {
+      ScheduleRow r;
+      r.name = row[0].as<std::string>();
+      r.file = row[1].as<std::string>();
+      r.source = row[2].as<std::string>();
+      r.params_json = row[3].as<std::string>();
+      r.project = row[4].as<std::string>();
+      r.cron = row[5].as<std::string>();
+      r.tz = row[6].as<std::string>();
+      r.catchup = row[7].as<std::string>();
+      r.speed = row[8].as<double>();
+      r.workdir = row[9].as<std::string>();
+      r.paused = row[10].as<bool>();
+      r.last_slot_epoch = row[11].as<double>();
+      r.last_run = row[12].as<int64_t>();
+      r.fires = row[13].as<int64_t>();
+      out.push_back(std::move(r));
+    }
+    return out;
+  });
+}
+
+bool Catalog::SetSchedulePaused(const std::string& name, bool paused) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool found = !impl_->Exec(tx, "PauseSchedule", name, paused).empty();
+    tx.commit();
+    return found;
+  });
+}
+
+bool Catalog::RemoveSchedule(const std::string& name) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool found = !impl_->Exec(tx, "RemoveSchedule", name).empty();
+    tx.commit();
+    return found;
+  });
+}
+
+int64_t Catalog::FireSchedule(const std::string& name, double slot_epoch,
+                              const pipelines::Pipeline& pipeline, const SubmitOptions& options) {
+  return impl_->Guard([&]() -> int64_t {
+    pqxx::work tx(impl_->C());
+    if (impl_->Exec(tx, "RecordFire", name, slot_epoch).empty()) return 0;  // fired already
+    int64_t run_id = impl_->Submit(tx, pipeline, options);
+    impl_->Exec(tx, "SetFireRun", name, slot_epoch, run_id);
+    impl_->Exec(tx, "AdvanceSchedule", name, slot_epoch);
+    tx.commit();
+    return run_id;
+  });
+}
+
+void Catalog::AdvanceSchedule(const std::string& name, double slot_epoch) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "AdvanceSchedule", name, slot_epoch);
+    tx.commit();
   });
 }
 

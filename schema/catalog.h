@@ -215,6 +215,16 @@ struct ArtifactRow {
   int64_t builder_stage = 0;
 };
 
+struct ScheduleRow {
+  std::string name, file, source, params_json, project, cron, tz, catchup;
+  double speed = 0;
+  std::string workdir;
+  bool paused = false;
+  double last_slot_epoch = 0;  // slots after this are due (seconds since 1970, UTC)
+  int64_t last_run = 0;        // run of the latest fired slot, 0 if none
+  int64_t fires = 0;
+};
+
 struct MigrateReport {
   int from_version = 0;
   int to_version = 0;
@@ -339,6 +349,19 @@ class Catalog {
   std::vector<ArtifactRow> ListArtifacts();
   // Deletes an entry that is not being built; returns its directory, or nullopt.
   std::optional<std::string> DeleteArtifact(const std::string& key);
+  // --- schedules -----------------------------------------------------------------------------
+  // False when a schedule of that name exists.
+  bool AddSchedule(const ScheduleRow& s);
+  std::vector<ScheduleRow> ListSchedules();
+  bool SetSchedulePaused(const std::string& name, bool paused);  // false: no such schedule
+  bool RemoveSchedule(const std::string& name);
+  // Fires one slot: records it and submits the run in one transaction. Returns the run id, or
+  // 0 when the slot had already fired (another scheduler, a restart). Moves last_slot on.
+  int64_t FireSchedule(const std::string& name, double slot_epoch,
+                       const pipelines::Pipeline& pipeline, const SubmitOptions& options);
+  // Marks slots up to `slot_epoch` as past without firing them (catch-up none/latest).
+  void AdvanceSchedule(const std::string& name, double slot_epoch);
+
   // A stage's cache key inputs: nullopt when the run has no such stage, "" when not cached.
   std::optional<std::string> StageCacheInputs(int64_t run_id, const std::string& stage);
 

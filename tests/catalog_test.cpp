@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "common/error.h"
 #include "common/sha256.h"
@@ -556,6 +557,65 @@ TEST(Cache, DeterministicCompileFailuresArePoisonedUntilRetried) {
   auto third = run_once(true);
   EXPECT_NE(third.message.find("NCC_EXTP003"), std::string::npos) << "retried: compiled again";
   EXPECT_GT(third.sim_seconds, 0);
+}
+
+// Two schedulers tick at the same instant, then one restarts and ticks again: every due
+// slot fires exactly once, under each catch-up policy. Fixed instants, not the wall clock.
+TEST(Schedules, EachSlotFiresExactlyOnceUnderEveryCatchUpPolicy) {
+  schema::Catalog c(TestDatabase::url());
+  const std::string yaml = "pipeline: hourly\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n";
+  for (const char* policy : {"all", "latest", "none"}) {
+    schema::ScheduleRow r;
+    r.name = std::string("hourly-") + policy;
+    r.file = "hourly.yaml";
+    r.source = yaml;
+    r.params_json = "{}";
+    r.cron = "0 * * * *";
+    r.tz = "UTC";
+    r.catchup = policy;
+    r.speed = 1e7;
+    r.workdir = TRNFLOW_SOURCE_DIR;
+    ASSERT_TRUE(c.AddSchedule(r));
+    EXPECT_FALSE(c.AddSchedule(r)) << "names are unique";
+    c.QueryValue("UPDATE trnflow.schedules SET last_slot = '2026-01-01 00:00+00' WHERE name = '" +
+                 r.name + "' RETURNING 1");
+  }
+  auto at = [](int h, int m) {
+    return std::chrono::system_clock::time_point(std::chrono::seconds(1767225600)) +  // 2026-01-01
+           std::chrono::hours(h) + std::chrono::minutes(m);
+  };
+  auto fires = [&](const std::string& name) {
+    return c.QueryValue(
+        "SELECT count(*) FROM trnflow.schedule_fires WHERE run_id IS NOT NULL "
+        "AND schedule = '" +
+        name + "'");
+  };
+  // 03:30, three slots missed (01:00, 02:00, 03:00), two schedulers at once.
+  schema::Catalog a(TestDatabase::url()), b(TestDatabase::url());
+  std::thread t1([&] { scheduler::FireDueSchedules(a, at(3, 30)); });
+  std::thread t2([&] { scheduler::FireDueSchedules(b, at(3, 30)); });
+  t1.join();
+  t2.join();
+  scheduler::FireDueSchedules(c, at(3, 30));  // after a restart
+  EXPECT_EQ(fires("hourly-all"), "3");
+  EXPECT_EQ(fires("hourly-latest"), "1");
+  EXPECT_EQ(fires("hourly-none"), "0") << "missed slots are not caught up";
+  EXPECT_EQ(c.QueryValue("SELECT extract(hour FROM slot AT TIME ZONE 'UTC') FROM "
+                         "trnflow.schedule_fires WHERE schedule = 'hourly-latest'"),
+            "3");
+  // 04:01: one slot, on time: every policy fires it, once.
+  scheduler::FireDueSchedules(a, at(4, 1));
+  scheduler::FireDueSchedules(b, at(4, 1));
+  EXPECT_EQ(fires("hourly-all"), "4");
+  EXPECT_EQ(fires("hourly-latest"), "2");
+  EXPECT_EQ(fires("hourly-none"), "1");
+  // Paused schedules do not fire; the runs were really submitted.
+  ASSERT_TRUE(c.SetSchedulePaused("hourly-all", true));
+  EXPECT_EQ(scheduler::FireDueSchedules(c, at(5, 0)), 2);
+  EXPECT_EQ(fires("hourly-all"), "4");
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs r JOIN trnflow.pipelines p ON "
+                         "p.id = r.pipeline_id WHERE p.name = 'hourly'"),
+            "9");
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.

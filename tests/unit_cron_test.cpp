@@ -11,7 +11,9 @@ SysTime Utc(int y, unsigned m, unsigned d, int h, int min) {
   return sys_days(year(y) / month(m) / day(d)) + std::chrono::hours(h) + std::chrono::minutes(min);
 }
 
-std::string Fmt(SysTime t) { return date::format("%F %R", std::chrono::floor<std::chrono::minutes>(t)); }
+std::string Fmt(SysTime t) {
+  return date::format("%F %R", std::chrono::floor<std::chrono::minutes>(t));
+}
 
 CronExpr Cron(const std::string& text) {
   std::string error;
@@ -71,7 +73,8 @@ TEST(Cron, DaylightSavingGapsAndRepeatsFireOnce) {
   auto quarter = Cron("*/15 * * * *");
   SysTime t = Utc(2026, 10, 24, 23, 59);  // 01:59 CEST
   std::vector<std::string> fired;
-  while ((t = *NextSlot(quarter, "Europe/Berlin", t)) < Utc(2026, 10, 25, 2, 0)) fired.push_back(Fmt(t));
+  while ((t = *NextSlot(quarter, "Europe/Berlin", t)) < Utc(2026, 10, 25, 2, 0))
+    fired.push_back(Fmt(t));
   EXPECT_EQ(fired, (std::vector<std::string>{"2026-10-25 00:00", "2026-10-25 00:15",
                                              "2026-10-25 00:30", "2026-10-25 00:45"}));
 }
