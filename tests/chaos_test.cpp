@@ -330,6 +330,38 @@ TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
         " RETURNING 1");
 }
 
+// Two worker processes, two runs needing the same graph at once: one compiles, the other
+// waits unbilled and is served; the catalog records a single compile attempt.
+TEST(Chaos, IdenticalCompilesFromTwoProcessesCompileOnce) {
+  setenv("TRNFLOW_HOME", Home().c_str(), 1);
+  const std::string yaml =
+      "pipeline: shared-graph\nproject: chaos\nstages:\n"
+      "  compile: {kind: compile, target: inf2, instance: trn1.2xlarge, model: llama-2-13b, "
+      "tp_degree: 4, batch: 1, seq_len: 1024}\n";
+  int64_t r1 = Submit(yaml, 600), r2 = Submit(yaml, 600);  // ~1.6 s of compiling
+  auto scheduler = Scheduler(40);
+  scheduler->Start();
+  auto w1 = Worker(41, "5", "trn1=1"), w2 = Worker(42, "5", "trn1=1");
+  w1->Start();
+  w2->Start();
+  ASSERT_TRUE(WaitFor([&] { return RunState(r1) != "running" && RunState(r2) != "running"; }, 60));
+  EXPECT_EQ(RunState(r1), "succeeded");
+  EXPECT_EQ(RunState(r2), "succeeded");
+  std::string runs = std::to_string(r1) + "," + std::to_string(r2);
+  EXPECT_EQ(Query("SELECT string_agg(outcome, ',' ORDER BY outcome) FROM trnflow.attempts "
+                  "WHERE run_id IN (" +
+                  runs + ")"),
+            "cached,succeeded");
+  EXPECT_EQ(Query("SELECT count(DISTINCT worker_id) FROM trnflow.attempts WHERE run_id IN (" +
+                  runs + ")"),
+            "2")
+      << "each process took one run";
+  EXPECT_EQ(Query("SELECT sum(cost_usd) FROM trnflow.attempts WHERE outcome = 'cached' AND "
+                  "run_id IN (" +
+                  runs + ")"),
+            "0.000000");
+}
+
 }  // namespace trnflow
 
 int main(int argc, char** argv) {
