@@ -53,18 +53,4 @@ std::optional<double> ParseDuration(std::string_view text) {
   return total;
 }
 
-std::string FormatDuration(double seconds) {
-  auto s = static_cast<long long>(std::llround(seconds < 0 ? 0 : seconds));
-  if (s == 0) return "0s";
-  std::string out;
-  const std::pair<long long, char> units[] = {{86400, 'd'}, {3600, 'h'}, {60, 'm'}, {1, 's'}};
-  for (auto [size, name] : units) {
-    if (s >= size) {
-      out += std::to_string(s / size) + name;
-      s %= size;
-    }
-  }
-  return out;
-}
-
 }  // namespace trnflow

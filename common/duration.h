@@ -10,7 +10,4 @@ namespace trnflow {
 // Returns nullopt for anything that is not a positive, finite duration.
 std::optional<double> ParseDuration(std::string_view text);
 
-// "1h30m", "45s", "2d3h"; rounds to whole seconds.
-std::string FormatDuration(double seconds);
-
 }  // namespace trnflow

@@ -55,6 +55,17 @@ bool IsTerminal(StageState s) {
   }
 }
 
+std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
+                                     const std::string& run_dir) {
+  std::string out = text;
+  for (const auto& [expr, value] :
+       {std::pair<std::string, std::string>{"${{ run.id }}", run_id}, {"${{ run.dir }}", run_dir}})
+    for (size_t pos = out.find(expr); pos != std::string::npos;
+         pos = out.find(expr, pos + value.size()))
+      out.replace(pos, expr.size(), value);
+  return out;
+}
+
 std::string ToJson(const StageSpec& s) {
   nlohmann::json on = nlohmann::json::array();
   for (Outcome o : s.retry.on) on.push_back(ToString(o));

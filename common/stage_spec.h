@@ -92,6 +92,11 @@ struct StageSpec {
   std::string cache_inputs;  // canonical JSON of everything that changes the graph
 };
 
+// The expressions a pipeline leaves for run time, `${{ run.id }}` and `${{ run.dir }}`,
+// substituted in `text` once the run exists.
+std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
+                                     const std::string& run_dir);
+
 std::string ToJson(const StageSpec&);
 // Throws std::runtime_error on malformed JSON (the catalog only holds what ToJson wrote).
 StageSpec StageSpecFromJson(std::string_view json);

@@ -1232,18 +1232,6 @@ LoadResult LoadPipelineFile(const std::string& path, const LoadOptions& options)
   return ParsePipeline(text, path, options);
 }
 
-std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
-                                     const std::string& run_dir) {
-  std::string out = text;
-  for (auto [expr, value] : {std::pair<std::string, std::string>{"${{ run.id }}", run_id},
-                             {"${{ run.dir }}", run_dir}}) {
-    for (size_t pos = out.find(expr); pos != std::string::npos;
-         pos = out.find(expr, pos + value.size()))
-      out.replace(pos, expr.size(), value);
-  }
-  return out;
-}
-
 std::string CompileCacheInputs(const sim::Workload& w) {
   std::vector<std::string> flags = w.compiler_flags;
   std::sort(flags.begin(), flags.end());

@@ -61,10 +61,6 @@ LoadResult LoadPipelineFile(const std::string& path, const LoadOptions& options)
 LoadResult ParsePipeline(const std::string& text, const std::string& file,
                          const LoadOptions& options);
 
-// Expressions left for run time (`${{ run.id }}`, `${{ run.dir }}`) substituted in `text`.
-std::string SubstituteRunExpressions(const std::string& text, const std::string& run_id,
-                                     const std::string& run_dir);
-
 // The version of the (simulated) Neuron compiler; part of every compile cache key.
 inline constexpr const char* kCompilerVersion = "neuronx-cc 2.15.128 (simulated)";
 // The canonical JSON of everything that changes a compiled graph, and nothing else: the

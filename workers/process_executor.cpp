@@ -57,14 +57,8 @@ void SignalJob(pid_t pid, int sig) {
   if (::kill(-pid, sig) != 0) ::kill(pid, sig);
 }
 
-std::string Substitute(std::string s, const ExecContext& ctx) {
-  for (auto [expr, value] :
-       {std::pair<std::string, std::string>{"${{ run.id }}", std::to_string(ctx.run_id)},
-        {"${{ run.dir }}", ctx.run_dir}})
-    for (size_t pos = s.find(expr); pos != std::string::npos;
-         pos = s.find(expr, pos + value.size()))
-      s.replace(pos, expr.size(), value);
-  return s;
+std::string Substitute(const std::string& s, const ExecContext& ctx) {
+  return SubstituteRunExpressions(s, std::to_string(ctx.run_id), ctx.run_dir);
 }
 
 // What the job said about itself, from its output.
