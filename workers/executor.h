@@ -3,6 +3,7 @@
 // DAG, the catalog or threads beyond its own: the worker hands it a context and turns the
 // result into a ledger row. Run() never throws; failures are outcomes.
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -34,6 +35,9 @@ struct ExecContext {
   std::string log_path;                    // captured output of this attempt
   std::string checkpoint_dir;              // TRNFLOW_CHECKPOINT_DIR
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
+  // When the stage was claimed: its simulated time (and bill) runs from here, as the ledger's
+  // started_at does, including any wait for a free slot in the pool's arena.
+  std::chrono::steady_clock::time_point claimed_at = std::chrono::steady_clock::now();
   // neuron-monitor-like metrics as JSON, latest wins; may be called from the executor's thread.
   std::function<void(const std::string&)> report_metrics;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }

@@ -95,7 +95,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   };
 
   // Simulated time passes at `speed` simulated seconds per wall second.
-  auto start = std::chrono::steady_clock::now();
+  auto start = ctx.claimed_at;
   double elapsed = 0, next_metrics = 0;
   while (elapsed < end) {
     if (ctx.stop_reason() != StopReason::kNone) break;

@@ -80,6 +80,7 @@ Money BaselineCost(const schema::ClaimedStage& c, const ExecResult& er, Money co
 
 struct Running {
   schema::ClaimedStage claim;
+  std::chrono::steady_clock::time_point claimed_at;  // the instance is held from here
   std::atomic<int> stop{0};
   std::mutex metrics_mu;  // guards metrics, metrics_dirty
   std::string metrics;
@@ -288,6 +289,7 @@ struct Worker::Impl {
   void Launch(Pool& pool, schema::ClaimedStage claim) {
     auto run = std::make_shared<Running>();
     run->claim = std::move(claim);
+    run->claimed_at = std::chrono::steady_clock::now();
     pool.used += run->claim.instance_count;
     ++tasks;
     {
@@ -319,6 +321,7 @@ struct Worker::Impl {
                    std::to_string(c.attempt) + ".log";
     ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
     ctx.stop = &run->stop;
+    ctx.claimed_at = run->claimed_at;
     ctx.report_metrics = [run](const std::string& json) {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
