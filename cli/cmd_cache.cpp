@@ -14,7 +14,8 @@
 namespace trnflow::cli {
 namespace {
 
-// "llama-2-7b", "b8 s2048 tp2", "inf2" from a manifest (the key's inputs).
+// "llama-2-7b", "b8 s2048 tp2", "inf2" from a compile's manifest (the key's inputs); for
+// another cached stage, its model or program, its kind, and "-".
 struct Described {
   std::string model, shapes, target;
 };
@@ -22,6 +23,15 @@ struct Described {
 Described Describe(const std::string& manifest) {
   auto j = nlohmann::json::parse(manifest, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return {"?", "?", "?"};
+  if (j.contains("parameters") && j["parameters"].is_object()) {
+    const auto& p = j["parameters"];
+    std::string what = "?";
+    if (p.contains("model") && p["model"].is_object())
+      what = p["model"].value("name", "?");
+    else if (p.contains("command") && p["command"].is_array() && !p["command"].empty())
+      what = p["command"][0].get<std::string>().substr(0, 40);
+    return {what, j.value("kind", "?"), "-"};
+  }
   return {j["model"].value("name", "?"),
           "b" + std::to_string(j.value("batch", 0)) + " s" + std::to_string(j.value("seq_len", 0)) +
               " tp" + std::to_string(j.value("tp_degree", 0)),
@@ -165,7 +175,9 @@ int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
   auto row = catalog->StageCacheInputs(run_id, stage);
   if (!row) throw UserError("run " + run_text + " has no stage '" + stage + "'");
   if (row->empty()) {
-    std::cout << "stage " << stage << " is not cached (only compile stages with cache: true are)\n";
+    std::cout << "stage " << stage
+              << " has no cache key: it has cache: false, or has not run yet (a stage that is "
+                 "not a compile gets its key when it runs)\n";
     return kExitOk;
   }
   auto mine = nlohmann::json::parse(*row);

@@ -75,7 +75,11 @@ std::string ToJson(const StageSpec& s) {
       {"instance", s.instance},
       {"count", s.count},
       {"market", ToString(s.market)},
-      {"command", {{"argv", s.command.argv}, {"shell", s.command.shell}, {"env", s.command.env}}},
+      {"command",
+       {{"argv", s.command.argv},
+        {"shell", s.command.shell},
+        {"env", s.command.env},
+        {"outputs", s.command.outputs ? nlohmann::json(*s.command.outputs) : nullptr}}},
       {"workload",
        s.workload_json.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(s.workload_json)},
       {"retry",
@@ -109,6 +113,8 @@ StageSpec StageSpecFromJson(std::string_view text) {
     s.command.argv = c.at("argv").get<std::vector<std::string>>();
     s.command.shell = c.at("shell").get<bool>();
     s.command.env = c.at("env").get<std::map<std::string, std::string>>();
+    if (c.contains("outputs") && !c.at("outputs").is_null())
+      s.command.outputs = c.at("outputs").get<std::vector<std::string>>();
     if (!j.at("workload").is_null()) s.workload_json = j.at("workload").dump();
     const auto& r = j.at("retry");
     s.retry.max_attempts = r.at("max_attempts").get<int>();

@@ -74,6 +74,10 @@ struct CommandSpec {
   std::vector<std::string> argv;  // for shell: {"<script>"}, run under /bin/sh -c
   bool shell = false;
   std::map<std::string, std::string> env;
+  // What the command writes, as paths under `${{ run.dir }}/` (relative to it here): hashed
+  // into the stage's output digest, stored by the cache and restored on a hit. Absent: the
+  // stage declared nothing (its outputs are unknown); empty: it writes nothing.
+  std::optional<std::vector<std::string>> outputs;
 };
 
 struct StageSpec {
@@ -87,9 +91,12 @@ struct StageSpec {
   RetryPolicy retry;
   CheckpointPolicy checkpoint;
   double timeout_s = 0;  // 0: none
+  // Compile stages: the key is known from the file (sha256 of cache_inputs, the canonical JSON
+  // of everything that changes the graph). Other stages with cache: true get theirs when they
+  // run, over their kind, parameters and the digests of what they consume.
   bool cache = false;
-  std::string cache_key;     // compile stages with cache: sha256 of cache_inputs
-  std::string cache_inputs;  // canonical JSON of everything that changes the graph
+  std::string cache_key;
+  std::string cache_inputs;
 };
 
 // The expressions a pipeline leaves for run time, `${{ run.id }}` and `${{ run.dir }}`,

@@ -80,7 +80,7 @@ const std::vector<std::string> kCommonStageKeys = {"kind",   "needs", "instance"
 const std::vector<std::string> kDefaultsKeys = {"instance",   "count",   "market", "retry",
                                                 "checkpoint", "timeout", "cache",  "env"};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
-    {StageKind::kRun, {"run", "shell"}},
+    {StageKind::kRun, {"run", "shell", "outputs"}},
     {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
     {StageKind::kCompile,
      {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
@@ -124,6 +124,7 @@ class Parser {
   std::optional<sim::Model> ParseModel(const YAML::Node& n, const Scope& scope);
   void ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out);
   void ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out);
+  void ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st);
   void ResolveNeeds();
   void InheritModels();
 
@@ -516,6 +517,46 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
   }
 }
 
+// outputs: the paths a run: stage writes, each under ${{ run.dir }}/ (kept relative to it). A
+// cached stage that writes into the run's directory must say what it writes: a hit has to
+// restore it, and a key over the command alone cannot tell one run's files from another's.
+void Parser::ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st) {
+  const std::string prefix = "${{ run.dir }}/";
+  if (const YAML::Node& o = n["outputs"]) {
+    if (!o.IsSequence()) {
+      diags_.Error(At(o), "outputs must be a list of paths under ${{ run.dir }}",
+                   "e.g. outputs: [\"${{ run.dir }}/data\"]");
+      return;
+    }
+    std::vector<std::string> rels;
+    for (const auto& x : o) {
+      auto v = Text(x, "outputs entry", scope);
+      if (!v) continue;
+      std::string rel = v->rfind(prefix, 0) == 0 ? v->substr(prefix.size()) : "";
+      bool escapes = ("/" + rel + "/").find("/../") != std::string::npos ||
+                     rel.find("${{") != std::string::npos;
+      if (rel.empty() || rel[0] == '/' || escapes)
+        diags_.Error(At(x), "output '" + *v + "' is not a path inside ${{ run.dir }}",
+                     "name what the stage writes as \"${{ run.dir }}/<path>\"");
+      else
+        rels.push_back(rel);
+    }
+    st->spec.command.outputs = rels;
+    return;
+  }
+  if (!st->spec.cache) return;
+  for (const auto& a : st->spec.command.argv)
+    if (a.find("${{ run.dir }}") != std::string::npos) {
+      YAML::Node c = Field(n, "cache");
+      diags_.Error(At(c, name_loc),
+                   "stage '" + st->base_name +
+                       "' is cached but writes into ${{ run.dir }} without saying what",
+                   "list what it writes in outputs: (a cache hit restores them), write "
+                   "outputs: [] if it only reads, or set cache: false");
+      return;
+    }
+}
+
 void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out) {
   if (!ExpectMap(n, "checkpoint")) return;
   CheckMap(n, {"every", "on_notice"}, "checkpoint");
@@ -803,6 +844,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       diags_.Error(At(run, name_loc), "run: must be a command: a list of arguments or a string",
                    "e.g. run: [\"bash\", \"script.sh\"]");
     }
+    ParseOutputs(n, name_loc, scope, &st);
     p_.stages.push_back(std::move(st));
     return;
   }

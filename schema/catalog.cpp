@@ -228,7 +228,7 @@ struct Catalog::Impl {
   std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results) {
     std::vector<int64_t> ids, billed, cost, wasted, saved, baseline;
     std::vector<int> attempts;
-    std::vector<std::string> owners, outcomes, states, markets, messages;
+    std::vector<std::string> owners, outcomes, states, markets, messages, digests;
     std::vector<double> retry, sim, progress;
     std::map<int64_t, int> attempt_of;
     for (const auto& r : results) {
@@ -247,13 +247,15 @@ struct Catalog::Impl {
       progress.push_back(r.progress_to);
       messages.push_back(r.message);
       baseline.push_back(r.baseline.micros());
+      digests.push_back(r.output_digest);
       attempt_of[r.stage_id] = r.attempt;
     }
     pqxx::result done =
         Exec(tx, "CompleteAttempts", NumberArray(ids), NumberArray(attempts), TextArray(owners),
              TextArray(outcomes), TextArray(states), TextArray(markets), NumberArray(retry),
              NumberArray(sim), NumberArray(billed), NumberArray(cost), NumberArray(wasted),
-             NumberArray(saved), NumberArray(progress), TextArray(messages), NumberArray(baseline));
+             NumberArray(saved), NumberArray(progress), TextArray(messages), NumberArray(baseline),
+             TextArray(digests));
     std::vector<int64_t> succeeded, failed, runs;
     std::vector<LeaseKey> applied;
     for (const auto& row : done) {
@@ -917,6 +919,7 @@ ArtifactRow ReadArtifact(const pqxx::row& row) {
   a.last_used_at = row[8].as<std::string>();
   a.created_at = row[9].as<std::string>();
   a.builder_stage = row[10].as<int64_t>();
+  a.producer_cost = Money::FromMicros(row[11].as<int64_t>());
   return a;
 }
 }  // namespace
@@ -1066,6 +1069,24 @@ std::optional<std::string> Catalog::StageCacheInputs(int64_t run_id, const std::
     auto r = impl_->Exec(tx, "StageCacheInputs", run_id, stage);
     if (r.empty()) return std::nullopt;
     return r[0][0].as<std::string>();
+  });
+}
+
+void Catalog::RecordStageCacheInputs(int64_t stage_id, int attempt, const std::string& inputs) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordStageCacheInputs", stage_id, attempt, inputs);
+    tx.commit();
+  });
+}
+
+std::vector<std::pair<std::string, std::string>> Catalog::StageInputDigests(int64_t stage_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& row : impl_->Exec(tx, "StageInputDigests", stage_id))
+      out.emplace_back(row[0].as<std::string>(), row[1].as<std::string>());
+    return out;
   });
 }
 

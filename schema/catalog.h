@@ -70,8 +70,9 @@ struct AttemptResult {
   Money saved;
   double progress_to = 0;
   std::string message;
-  std::string metrics_json;  // latest neuron-monitor-like metrics, recorded as an event
-  Money baseline;            // the same useful work on the GPU baseline, plus the waste
+  std::string metrics_json;   // latest neuron-monitor-like metrics, recorded as an event
+  Money baseline;             // the same useful work on the GPU baseline, plus the waste
+  std::string output_digest;  // succeeded/cached: the digest of what it produced, if known
 };
 
 struct EventRow {
@@ -213,6 +214,7 @@ struct ArtifactRow {
   std::string last_used_at;
   std::string created_at;
   int64_t builder_stage = 0;
+  Money producer_cost;  // what the attempt that built it cost
 };
 
 struct ScheduleRow {
@@ -364,6 +366,11 @@ class Catalog {
 
   // A stage's cache key inputs: nullopt when the run has no such stage, "" when not cached.
   std::optional<std::string> StageCacheInputs(int64_t run_id, const std::string& stage);
+  // The inputs of the key a running cached stage computed (for `cache why`).
+  void RecordStageCacheInputs(int64_t stage_id, int attempt, const std::string& inputs);
+  // Every stage upstream of `stage_id`, by name, with the digest of what it produced (or
+  // "attempt:<stage>/<n>" when that is unknown).
+  std::vector<std::pair<std::string, std::string>> StageInputDigests(int64_t stage_id);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

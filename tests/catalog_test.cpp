@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -16,9 +17,11 @@
 #include "scheduler/scheduler.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
+#include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "tests/test_engine.h"
 #include "workers/artifact_store.h"
+#include "workers/stage_cache.h"
 #include "workers/worker.h"
 
 namespace trnflow {
@@ -471,6 +474,85 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
 // The compile cache under two workers: identical compiles compile once (the other attempt
 // waits unbilled and is served), a corrupt entry is rebuilt rather than served, and a
 // deterministic compiler failure is remembered until a run asks to retry it.
+// Declared outputs round-trip through the store: the digest is over contents and paths, a
+// corrupted copy is refused, and a hit restores the files into another run's directory.
+TEST(StageCache, OutputsAreStoredVerifiedAndRestored) {
+  namespace fs = std::filesystem;
+  fs::path base = fs::path(testing::WriteTempFile("outputs", "")).string() + ".d";
+  fs::create_directories(base / "run-1/data/shards");
+  std::ofstream(base / "run-1/data/tokens.txt") << "hello";
+  std::ofstream(base / "run-1/data/shards/0.bin") << "abc";
+  std::ofstream(base / "run-1/stats.json") << "{}";
+  std::ofstream(base / "run-1/scratch.tmp") << "not declared";
+  const std::vector<std::string> rels = {"data", "stats.json"};
+  std::string digest = workers::OutputsDigest((base / "run-1").string(), rels);
+  EXPECT_EQ(digest, workers::OutputsDigest((base / "run-1").string(), {"stats.json", "data"}));
+  std::ofstream(base / "run-1/data/tokens.txt") << "hellO";
+  EXPECT_NE(digest, workers::OutputsDigest((base / "run-1").string(), rels)) << "contents count";
+  std::ofstream(base / "run-1/data/tokens.txt") << "hello";
+  EXPECT_THROW(workers::OutputsDigest((base / "run-1").string(), {"missing"}), std::runtime_error);
+
+  workers::StoredArtifact a =
+      workers::StoreOutputs((base / "home").string(), "k", "{}", (base / "run-1").string(), rels);
+  EXPECT_EQ(a.digest, digest);
+  EXPECT_EQ(a.bytes, 5 + 3 + 2);
+  EXPECT_TRUE(workers::VerifyArtifact(a.path, a.digest));
+  EXPECT_FALSE(fs::exists(fs::path(a.path) / "outputs/scratch.tmp"));
+  workers::RestoreOutputs(a.path, (base / "run-2").string());
+  EXPECT_EQ(workers::OutputsDigest((base / "run-2").string(), rels), digest);
+
+  std::ofstream(fs::path(a.path) / "outputs/data/shards/0.bin") << "abX";  // bit rot
+  EXPECT_FALSE(workers::VerifyArtifact(a.path, a.digest));
+  fs::remove(fs::path(a.path) / "done");
+  EXPECT_FALSE(workers::VerifyArtifact(a.path, a.digest)) << "no marker: half-written";
+  fs::remove_all(base);
+}
+
+// The key of a cached stage covers its kind, its parameters (the command, its environment,
+// the files it names) and what it consumes; where it runs is not part of it.
+TEST(StageCache, KeyCoversKindParametersAndConsumedDigests) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(testing::WriteTempFile("stage-key", "")).string() + ".d";
+  fs::create_directories(dir);
+  std::ofstream(dir / "prep.sh") << "echo one\n";
+  StageSpec s;
+  s.kind = StageKind::kRun;
+  s.command.argv = {"bash", "prep.sh", "--out=${{ run.dir }}/data"};
+  s.command.outputs = std::vector<std::string>{"data"};
+  s.instance = "c6i.large";
+  std::vector<std::pair<std::string, std::string>> up = {{"fetch", "d1"}};
+  const std::string base = workers::StageCacheInputs(s, up, dir.string(), 7);
+  auto key = [&](const StageSpec& x, decltype(up) u) {
+    return workers::StageCacheInputs(x, u, dir.string(), 7);
+  };
+  EXPECT_EQ(base, key(s, up)) << "stable";
+  StageSpec moved = s;
+  moved.instance = "c6i.4xlarge";
+  moved.market = Market::kSpot;
+  moved.retry.max_attempts = 5;
+  EXPECT_EQ(base, key(moved, up)) << "placement is not part of the key";
+  EXPECT_NE(base, key(s, {{"fetch", "d2"}})) << "a consumed digest";
+  StageSpec env = s;
+  env.command.env["SEED"] = "2";
+  EXPECT_NE(base, key(env, up));
+  StageSpec flag = s;
+  flag.command.argv.push_back("--fast");
+  EXPECT_NE(base, key(flag, up));
+  StageSpec per_run = s;
+  per_run.command.env["TAG"] = "run-${{ run.id }}";
+  EXPECT_NE(workers::StageCacheInputs(per_run, up, dir.string(), 7),
+            workers::StageCacheInputs(per_run, up, dir.string(), 8))
+      << "a command that names its run is keyed on it";
+  EXPECT_EQ(base, workers::StageCacheInputs(s, up, dir.string(), 8)) << "one that does not is not";
+  std::ofstream(dir / "prep.sh") << "echo two\n";
+  EXPECT_NE(base, key(s, up)) << "an edited script";
+  auto j = nlohmann::json::parse(base);
+  EXPECT_EQ(j["kind"], "run");
+  EXPECT_TRUE(j["parameters"]["files"].contains("prep.sh")) << base;
+  EXPECT_EQ(j["inputs"]["fetch"], "d1");
+  fs::remove_all(dir);
+}
+
 TEST(Cache, IdenticalCompilesCompileOnceAndCorruptEntriesAreRebuilt) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(

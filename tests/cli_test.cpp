@@ -185,6 +185,85 @@ TEST(Cli, NightlyPrecompileMakesTheClimateCompilesCacheHits) {
   EXPECT_NE(verify.out.find("6 entries verified, 0 corrupt"), std::string::npos) << verify.out;
 }
 
+// Any stage with cache: true: a second run serves it from the cache while nothing it consumes
+// changed, restores a run: stage's declared outputs into the new run's directory, and runs it
+// again once its script changes; a stage after one whose product is unknown is not served.
+TEST(Cli, AnyCachedStageIsServedWhileItsInputsAreUnchanged) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(WriteTemp("generic-cache", "")).string() + ".d";
+  fs::create_directories(dir);
+  std::string home = "TRNFLOW_SPOT_RATE_MULTIPLIER=0 TRNFLOW_HOME=" + (dir / "home").string();
+  std::ofstream(dir / "prep.sh") << "set -e\necho ran >> " << (dir / "calls.log").string()
+                                 << "\nmkdir -p \"$1\"\necho 'tokens 1 2 3' > \"$1/tokens.txt\"\n";
+  std::string file = (dir / "pipeline.yaml").string();
+  std::ofstream(file)
+      << "pipeline: cached-stages\nproject: lab\nstages:\n"
+         "  prepare:\n"
+         "    run: [\"bash\", \""
+      << (dir / "prep.sh").string()
+      << "\", \"${{ run.dir }}/data\"]\n"
+         "    cache: true\n"
+         "    outputs: [\"${{ run.dir }}/data\"]\n"
+         "  check:\n"
+         "    needs: [prepare]\n"
+         "    run: [\"grep\", \"-q\", \"tokens\", \"${{ run.dir }}/data/tokens.txt\"]\n"
+         "  tune:\n"
+         "    kind: train\n    needs: [prepare]\n    cache: true\n"
+         "    instance: trn1.2xlarge\n    model: bert-large\n    tokens: 1.0e8\n"
+         "  pretrain:\n"
+         "    kind: train\n    instance: trn1.2xlarge\n    model: bert-large\n"
+         "    tokens: 1.0e8\n"
+         "  probe:\n"
+         "    kind: deploy\n    needs: [pretrain]\n    cache: true\n"
+         "    instance: inf2.xlarge\n    requests: 100\n"
+         "    input_tokens: 128\n    output_tokens: 32\n";
+  auto run = [&] {
+    Result r = Trnflow("run " + file + " --speed 1000000", home);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto show = nlohmann::json::parse(
+        Trnflow("show " + std::to_string(RunIdFrom(r.out)) + " --format json", home).out);
+    std::map<std::string, nlohmann::json> by_name;
+    for (const auto& s : show["stages"]) by_name[s["name"]] = s;
+    return std::make_pair(RunIdFrom(r.out), by_name);
+  };
+  auto calls = [&] {
+    std::ifstream in(dir / "calls.log");
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  };
+  auto [first_id, first] = run();
+  EXPECT_EQ(first["prepare"]["state"], "succeeded");
+  EXPECT_EQ(first["tune"]["state"], "succeeded");
+  EXPECT_EQ(calls(), 1);
+
+  auto [second_id, second] = run();
+  EXPECT_EQ(second["prepare"]["state"], "cached") << second["prepare"].dump();
+  EXPECT_EQ(calls(), 1) << "the script did not run again";
+  EXPECT_EQ(second["check"]["state"], "succeeded") << "the outputs were restored for it";
+  EXPECT_EQ(second["tune"]["state"], "cached");
+  const auto& hit = second["tune"]["attempts"][0];
+  EXPECT_EQ(hit["cost_usd"].get<double>(), 0.0);
+  EXPECT_EQ(hit["saved_usd"].get<double>(), first["tune"]["attempts"][0]["cost_usd"].get<double>());
+  EXPECT_GT(hit["saved_usd"].get<double>(), 0.0);
+  EXPECT_EQ(second["probe"]["state"], "succeeded") << "pretrain's weights are new each run";
+
+  // An edited script is a new key: prepare runs again. It writes the same data, so what is
+  // keyed on its outputs (tune) is still served.
+  std::ofstream(dir / "prep.sh", std::ios::app) << "# a comment\n";
+  auto [third_id, third] = run();
+  EXPECT_EQ(third["prepare"]["state"], "succeeded");
+  EXPECT_EQ(calls(), 2);
+  EXPECT_EQ(third["tune"]["state"], "cached");
+
+  Result why = Trnflow("cache why " + std::to_string(first_id) + " prepare", home);
+  EXPECT_EQ(why.exit_code, 0) << why.err;
+  EXPECT_NE(why.out.find("is in the cache"), std::string::npos) << why.out;
+  Result ls = Trnflow("cache ls", home);
+  EXPECT_NE(ls.out.find("bash"), std::string::npos) << ls.out;
+  Result verify = Trnflow("cache verify", home);
+  EXPECT_NE(verify.out.find("0 corrupt"), std::string::npos) << verify.out;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, FailingStageFailsTheRunWithExitOne) {
   std::string file = WriteTemp("fail.yaml",
                                "pipeline: failing\nproject: lab\nstages:\n"

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 
 #include "common/sha256.h"
@@ -13,6 +15,107 @@
 namespace fs = std::filesystem;
 
 namespace trnflow::workers {
+
+namespace {
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Moves a filled temporary directory into the store as the entry of `a.digest`.
+void PlaceEntry(const fs::path& tmp, StoredArtifact& a, const std::string& home,
+                const std::string& cache_inputs) {
+  fs::path dir = fs::path(home) / "artifacts" / a.digest.substr(0, 2) / a.digest;
+  a.path = dir.string();
+  {
+    std::ofstream manifest(tmp / "manifest.json");
+    manifest << cache_inputs << "\n";
+    if (!manifest) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  std::ofstream(tmp / "done") << a.digest << "\n";
+  std::error_code ec;
+  if (VerifyArtifact(a.path, a.digest)) {  // the same contents are already there
+    fs::remove_all(tmp, ec);
+    return;
+  }
+  fs::create_directories(dir.parent_path());
+  fs::remove_all(dir, ec);  // a corrupt or half-written entry of the same digest
+  fs::rename(tmp, dir, ec);
+  if (ec && !VerifyArtifact(a.path, a.digest))
+    throw std::runtime_error("cannot place " + dir.string() + ": " + ec.message());
+  fs::remove_all(tmp, ec);
+}
+
+fs::path NewTemp(const std::string& home, const void* salt) {
+  fs::path tmp = fs::path(home) / "artifacts" /
+                 (".tmp-" + std::to_string(getpid()) + "-" +
+                  std::to_string(reinterpret_cast<uintptr_t>(salt)) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  return tmp;
+}
+
+}  // namespace
+
+std::string OutputsDigest(const std::string& root, const std::vector<std::string>& rels) {
+  std::map<std::string, std::string> files;  // relative path -> sha256, in path order
+  fs::path base(root);
+  auto add = [&](const fs::path& p) {
+    files[fs::relative(p, base).generic_string()] = Sha256Hex(ReadFile(p));
+  };
+  for (const auto& rel : rels) {
+    fs::path p = base / rel;
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) {
+      add(p);
+    } else if (fs::is_directory(p, ec)) {
+      for (const auto& e : fs::recursive_directory_iterator(p))
+        if (e.is_regular_file()) add(e.path());
+    } else {
+      throw std::runtime_error("declared output ${{ run.dir }}/" + rel + " was not written");
+    }
+  }
+  std::string text;
+  for (const auto& [path, sha] : files) text += path + '\0' + sha + '\n';
+  return Sha256Hex(text);
+}
+
+StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_key,
+                            const std::string& cache_inputs, const std::string& root,
+                            const std::vector<std::string>& rels) {
+  StoredArtifact a;
+  a.digest = OutputsDigest(root, rels);
+  fs::path tmp = NewTemp(home, &a);
+  fs::create_directories(tmp / "outputs");
+  for (const auto& rel : rels) {
+    fs::path to = tmp / "outputs" / rel;
+    fs::create_directories(to.parent_path());
+    fs::copy(fs::path(root) / rel, to, fs::copy_options::recursive);
+  }
+  for (const auto& e : fs::recursive_directory_iterator(tmp / "outputs"))
+    if (e.is_regular_file()) a.bytes += static_cast<int64_t>(e.file_size());
+  // The copies must be what was hashed: a file rewritten meanwhile is not stored under it.
+  if (OutputsDigest((tmp / "outputs").string(), {"."}) != a.digest) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw std::runtime_error("outputs changed while they were stored for key " + cache_key);
+  }
+  PlaceEntry(tmp, a, home, cache_inputs);
+  return a;
+}
+
+void RestoreOutputs(const std::string& path, const std::string& root) {
+  fs::path from = fs::path(path) / "outputs";
+  fs::create_directories(root);
+  for (const auto& e : fs::directory_iterator(from)) {
+    fs::path to = fs::path(root) / e.path().filename();
+    fs::remove_all(to);
+    fs::copy(e.path(), to, fs::copy_options::recursive);
+  }
+}
 
 StoredArtifact WriteArtifact(const std::string& home, const std::string& cache_key,
                              const std::string& cache_inputs, double parameters) {
@@ -25,28 +128,13 @@ StoredArtifact WriteArtifact(const std::string& home, const std::string& cache_k
   StoredArtifact a;
   a.digest = Sha256Hex(neff);
   a.bytes = static_cast<int64_t>(neff.size());
-  fs::path dir = fs::path(home) / "artifacts" / a.digest.substr(0, 2) / a.digest;
-  a.path = dir.string();
-  if (VerifyArtifact(a.path, a.digest)) return a;  // the same bytes are already there
-  fs::create_directories(dir.parent_path());
-  fs::path tmp = dir.parent_path() / (".tmp-" + a.digest + "-" + std::to_string(getpid()) + "-" +
-                                      std::to_string(reinterpret_cast<uintptr_t>(&a)));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  fs::path tmp = NewTemp(home, &a);
   {
     std::ofstream out(tmp / "model.neff", std::ios::binary);
     out.write(neff.data(), static_cast<std::streamsize>(neff.size()));
-    std::ofstream manifest(tmp / "manifest.json");
-    manifest << cache_inputs << "\n";
-    if (!out || !manifest) throw std::runtime_error("cannot write " + tmp.string());
+    if (!out) throw std::runtime_error("cannot write " + tmp.string());
   }
-  std::ofstream(tmp / "done") << a.digest << "\n";
-  std::error_code ec;
-  fs::remove_all(dir, ec);  // a corrupt or half-written entry of the same digest
-  fs::rename(tmp, dir, ec);
-  if (ec && !VerifyArtifact(a.path, a.digest))
-    throw std::runtime_error("cannot place " + dir.string() + ": " + ec.message());
-  fs::remove_all(tmp, ec);
+  PlaceEntry(tmp, a, home, cache_inputs);
   return a;
 }
 
@@ -54,10 +142,15 @@ bool VerifyArtifact(const std::string& path, const std::string& digest) {
   if (path.empty() || digest.empty()) return false;
   fs::path dir(path);
   std::error_code ec;
-  if (!fs::exists(dir / "done", ec) || !fs::exists(dir / "model.neff", ec)) return false;
-  std::ifstream in(dir / "model.neff", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return Sha256Hex(bytes) == digest;
+  if (!fs::exists(dir / "done", ec)) return false;
+  try {
+    if (fs::exists(dir / "model.neff", ec))
+      return Sha256Hex(ReadFile(dir / "model.neff")) == digest;
+    if (fs::is_directory(dir / "outputs", ec))
+      return OutputsDigest((dir / "outputs").string(), {"."}) == digest;
+  } catch (const std::exception&) {
+  }
+  return false;
 }
 
 void RemoveArtifact(const std::string& path) {

@@ -49,7 +49,9 @@ struct ExecResult {
   double progress_to = 0;    // durable progress at the end (checkpointed), 0..1
   double lost_fraction = 0;  // share of this attempt's time whose work was lost
   std::string message;
-  bool ran_instance = true;  // false: nothing was launched (capacity, cache), nothing billed
+  bool ran_instance = true;   // false: nothing was launched (capacity, cache), nothing billed
+  std::string output_digest;  // succeeded: the digest of what the stage produced, if known
+  Money saved;                // served from the cache: what building it cost
 };
 
 class Executor {

@@ -6,6 +6,9 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -15,12 +18,14 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/retry_policy.h"
+#include "common/sha256.h"
 #include "nlohmann/json.hpp"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
+#include "workers/stage_cache.h"
 
 namespace trnflow::workers {
 namespace {
@@ -331,10 +336,10 @@ struct Worker::Impl {
     try {
       if (c.spec.kind == StageKind::kCompile && !c.spec.cache_key.empty())
         er = RunCachedCompile(ctx, c);
-      else if (c.spec.kind == StageKind::kRun)
-        er = process_executor.Run(ctx);
+      else if (c.spec.cache)
+        er = RunCachedStage(ctx, c);
       else
-        er = sim_executor.Run(ctx);
+        er = RunStage(ctx);
     } catch (const std::exception& e) {
       er.outcome = Outcome::kInfraError;
       er.message = std::string("executor failed: ") + e.what();
@@ -363,13 +368,41 @@ struct Worker::Impl {
     commit_cv.notify_one();
     idle_cv.notify_all();
     WakeClaim();
-  }  // A compile stage with a cache key, single flight: the first attempt to claim the key
-  // compiles and stores the graph; attempts that find it being built wait (no instance, no
-  // bill) and are served when it is ready; a builder that died is taken over; an entry that
-  // fails verification is never served but rebuilt; a deterministic compiler failure is
-  // remembered for the key and returned at once, unless the run retries failed compilations.
-  ExecResult RunCachedCompile(const ExecContext& ctx, const schema::ClaimedStage& c) {
-    const std::string& key = c.spec.cache_key;
+  }
+
+  // Runs a stage outside the cache. A run: stage that declared its outputs gets their digest,
+  // or fails when one is missing.
+  ExecResult RunStage(const ExecContext& ctx) {
+    if (ctx.spec.kind != StageKind::kRun) return sim_executor.Run(ctx);
+    ExecResult er = process_executor.Run(ctx);
+    if (er.outcome == Outcome::kSucceeded && ctx.spec.command.outputs) {
+      try {
+        er.output_digest = OutputsDigest(ctx.run_dir, *ctx.spec.command.outputs);
+      } catch (const std::exception& e) {
+        er.outcome = Outcome::kUserError;
+        er.message = e.what();
+      }
+    }
+    return er;
+  }
+
+  // What a cache hit, a build or a wait comes to. `build` runs the stage and stores what it
+  // produced; `serve` hands a verified entry to this attempt.
+  struct CacheWork {
+    std::string key, inputs;
+    std::string what;              // "compiled graph", "outputs"
+    bool poison_failures = false;  // remember a user error for the key (compiles)
+    std::function<std::pair<ExecResult, StoredArtifact>()> build;
+    std::function<void(const schema::ArtifactRow&, ExecResult&)> serve;
+  };
+
+  // Single flight over one key: the first attempt to claim it builds and stores the artifact;
+  // attempts that find it being built wait (no instance, no bill) and are served when it is
+  // ready; a builder that died is taken over; an entry that fails verification is never
+  // served but rebuilt; with poison_failures, a user error is remembered for the key and
+  // returned at once, unless the run retries failed compilations.
+  ExecResult RunSingleFlight(const ExecContext& ctx, const schema::ClaimedStage& c,
+                             const CacheWork& w) {
     schema::Catalog cat(opt.database_url);
     std::string corrupt;
     bool announced_wait = false;
@@ -379,38 +412,48 @@ struct Worker::Impl {
         r.outcome = Outcome::kCancelled;
         r.ran_instance = false;
         r.progress_to = c.progress;
-        r.message = "stopped while waiting for the compile cache";
+        r.message = "stopped while waiting for the cache";
         return r;
       }
-      if (cat.AcquireArtifact(key, c.stage_id, c.attempt, c.spec.cache_inputs,
-                              c.retry_failed_compilation, corrupt)) {
-        ExecResult er = sim_executor.Run(ctx);
+      if (cat.AcquireArtifact(w.key, c.stage_id, c.attempt, w.inputs, c.retry_failed_compilation,
+                              corrupt)) {
+        ExecResult er;
+        StoredArtifact a;
+        try {
+          std::tie(er, a) = w.build();
+        } catch (...) {
+          cat.ReleaseArtifact(w.key, c.stage_id, c.attempt);
+          throw;
+        }
         if (er.outcome == Outcome::kSucceeded) {
-          sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
-          StoredArtifact a = WriteArtifact(opt.home, key, c.spec.cache_inputs, w.model.parameters);
-          cat.FinishArtifact(key, c.stage_id, c.attempt, "ready", a.digest, a.bytes, a.path, "");
-          er.message = "compiled and cached as " + a.digest.substr(0, 12);
-        } else if (er.outcome == Outcome::kUserError) {
-          cat.FinishArtifact(key, c.stage_id, c.attempt, "failed", "", 0, "", er.message);
+          cat.FinishArtifact(w.key, c.stage_id, c.attempt, "ready", a.digest, a.bytes, a.path, "");
+          er.output_digest = a.digest;
+          er.message += std::string(er.message.empty() ? "" : "; ") + w.what + " cached as " +
+                        a.digest.substr(0, 12);
+        } else if (er.outcome == Outcome::kUserError && w.poison_failures) {
+          cat.FinishArtifact(w.key, c.stage_id, c.attempt, "failed", "", 0, "", er.message);
         } else {
-          cat.ReleaseArtifact(key, c.stage_id, c.attempt);
+          cat.ReleaseArtifact(w.key, c.stage_id, c.attempt);
         }
         return er;
       }
-      auto a = cat.GetArtifact(key);
+      auto a = cat.GetArtifact(w.key);
       if (!a) continue;  // removed meanwhile: try to build it
       if (a->state == "ready") {
         if (VerifyArtifact(a->path, a->digest)) {
-          cat.RecordArtifactHit(key);
           ExecResult r;
           r.outcome = Outcome::kCached;
           r.ran_instance = false;
           r.progress_to = 1;
-          r.message = "compiled graph " + a->digest.substr(0, 12) + " from the cache";
+          r.output_digest = a->digest;
+          r.saved = a->producer_cost;
+          r.message = w.what + " " + a->digest.substr(0, 12) + " from the cache";
+          if (w.serve) w.serve(*a, r);
+          cat.RecordArtifactHit(w.key);
           return r;
         }
         log->warn("cache entry key={} digest={} is corrupt or incomplete: rebuilding it",
-                  key.substr(0, 12), a->digest.substr(0, 12));
+                  w.key.substr(0, 12), a->digest.substr(0, 12));
         corrupt = a->digest;
         continue;
       }
@@ -423,12 +466,70 @@ struct Worker::Impl {
         return r;
       }
       if (!announced_wait) {
-        log->info("stage={} waits for key={} being compiled by stage={}", c.stage_id,
-                  key.substr(0, 12), a->builder_stage);
+        log->info("stage={} waits for key={} being built by stage={}", c.stage_id,
+                  w.key.substr(0, 12), a->builder_stage);
         announced_wait = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+  }
+
+  // A compile stage: its key is known from the file (the graph's shape, not the weights).
+  ExecResult RunCachedCompile(const ExecContext& ctx, const schema::ClaimedStage& c) {
+    CacheWork w;
+    w.key = c.spec.cache_key;
+    w.inputs = c.spec.cache_inputs;
+    w.what = "compiled graph";
+    w.poison_failures = true;
+    w.build = [&] {
+      ExecResult er = sim_executor.Run(ctx);
+      StoredArtifact a;
+      if (er.outcome == Outcome::kSucceeded) {
+        sim::Workload wl = sim::WorkloadFromJson(c.spec.workload_json);
+        a = WriteArtifact(opt.home, w.key, w.inputs, wl.model.parameters);
+      }
+      return std::make_pair(er, a);
+    };
+    return RunSingleFlight(ctx, c, w);
+  }
+
+  // Any other stage with cache: true: keyed when it runs, over its kind, parameters and the
+  // digests of what it consumes. A run: stage stores the outputs it declared and a hit
+  // restores them into this run's directory; a simulated stage stores its result.
+  ExecResult RunCachedStage(const ExecContext& ctx, const schema::ClaimedStage& c) {
+    CacheWork w;
+    {
+      schema::Catalog cat(opt.database_url);
+      w.inputs = StageCacheInputs(c.spec, cat.StageInputDigests(c.stage_id), ctx.workdir, c.run_id);
+      w.key = Sha256Hex(w.inputs);
+      cat.RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
+    }
+    w.what = "outputs";
+    std::vector<std::string> outputs = c.spec.command.outputs.value_or(std::vector<std::string>{});
+    w.build = [&] {
+      ExecResult er = RunStage(ctx);
+      StoredArtifact a;
+      if (er.outcome != Outcome::kSucceeded) return std::make_pair(er, a);
+      if (c.spec.kind == StageKind::kRun) {
+        a = StoreOutputs(opt.home, w.key, w.inputs, ctx.run_dir, outputs);
+      } else {
+        // A simulated stage's product is its result; stored so later runs are served it.
+        std::string dir = opt.home + "/tmp/result-" + std::to_string(c.stage_id) + "-" +
+                          std::to_string(c.attempt);
+        std::filesystem::create_directories(dir);
+        std::ofstream(dir + "/result.json")
+            << nlohmann::json{{"key", w.key}, {"message", er.message}}.dump() << "\n";
+        a = StoreOutputs(opt.home, w.key, w.inputs, dir, {"result.json"});
+        std::filesystem::remove_all(dir);
+      }
+      return std::make_pair(er, a);
+    };
+    if (c.spec.kind == StageKind::kRun)
+      w.serve = [&](const schema::ArtifactRow& a, ExecResult& r) {
+        RestoreOutputs(a.path, ctx.run_dir);
+        r.message += " (restored into the run's directory)";
+      };
+    return RunSingleFlight(ctx, c, w);
   }
 
   schema::AttemptResult ToResult(const schema::ClaimedStage& c, const ExecResult& er,
@@ -462,11 +563,16 @@ struct Worker::Impl {
       if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
         r.message += (r.message.empty() ? "" : "; ") + d.reason;
     }
+    r.output_digest = er.output_digest;
     if (r.outcome == Outcome::kCached) {
-      // Served from the cache: no instance, and the compile it spared is saved.
-      sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
-      if (const auto* t = sim::Catalog::Builtin().FindInstance(c.spec.instance))
-        r.saved = Charge(c.price_per_hour, c.instance_count, sim::EstimateCompile(w, *t).seconds);
+      // Served from the cache: no instance, and the work it spared is saved. A compile is
+      // priced on this stage's own instance; other stages at what their builder paid.
+      r.saved = er.saved;
+      const auto* t = sim::Catalog::Builtin().FindInstance(c.spec.instance);
+      if (c.spec.kind == StageKind::kCompile && t)
+        r.saved =
+            Charge(c.price_per_hour, c.instance_count,
+                   sim::EstimateCompile(sim::WorkloadFromJson(c.spec.workload_json), *t).seconds);
     }  // No instance ran when capacity was unavailable or the cache answered: nothing to bill.
     if (er.ran_instance && r.outcome != Outcome::kCapacityUnavailable) {
       r.billed_seconds = BilledSeconds(er.sim_seconds);

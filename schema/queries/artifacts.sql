@@ -21,7 +21,9 @@ SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path
        coalesce(failure, ''), hits, manifest::text,
        coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-       coalesce(builder_stage, 0)
+       coalesce(builder_stage, 0),
+       coalesce((SELECT round(cost_usd * 1000000)::bigint FROM trnflow.attempts
+                 WHERE id = producer_attempt), 0)
 FROM trnflow.artifacts WHERE cache_key = $1;
 
 -- name: FinishArtifact
@@ -50,7 +52,9 @@ SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path
        coalesce(failure, ''), hits, manifest::text,
        coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-       coalesce(builder_stage, 0)
+       coalesce(builder_stage, 0),
+       coalesce((SELECT round(cost_usd * 1000000)::bigint FROM trnflow.attempts
+                 WHERE id = producer_attempt), 0)
 FROM trnflow.artifacts
 ORDER BY last_used_at DESC NULLS LAST, cache_key;
 
@@ -59,4 +63,22 @@ ORDER BY last_used_at DESC NULLS LAST, cache_key;
 DELETE FROM trnflow.artifacts WHERE cache_key = $1 AND state <> 'building' RETURNING coalesce(path, '');
 
 -- name: StageCacheInputs
-SELECT coalesce(spec->>'cache_inputs', '') FROM trnflow.stages WHERE run_id = $1 AND name = $2;
+SELECT coalesce(NULLIF(spec->>'cache_inputs', ''), cache_inputs, '')
+FROM trnflow.stages WHERE run_id = $1 AND name = $2;
+
+-- name: RecordStageCacheInputs
+UPDATE trnflow.stages SET cache_inputs = $3
+WHERE id = $1 AND attempts = $2 AND state = 'running';
+
+-- name: StageInputDigests
+-- What a stage consumes: every stage upstream of it (not only its direct needs: a deploy
+-- binds the weights its compile's graph was built for), each with the digest of what it
+-- produced, or its attempt when that is unknown (so nothing keyed on it is served to a
+-- later run).
+WITH RECURSIVE up(id) AS (
+  SELECT needs_id FROM trnflow.stage_deps WHERE stage_id = $1
+  UNION
+  SELECT d.needs_id FROM trnflow.stage_deps d JOIN up ON d.stage_id = up.id)
+SELECT s.name, coalesce(s.output_digest, 'attempt:' || s.id || '/' || s.attempts)
+FROM up JOIN trnflow.stages s ON s.id = up.id
+ORDER BY s.name;

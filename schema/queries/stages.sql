@@ -55,10 +55,11 @@ RETURNING s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '')
 WITH input AS (
   SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[],
                        $6::text[], $7::float8[], $8::float8[], $9::bigint[], $10::bigint[],
-                       $11::bigint[], $12::bigint[], $13::float8[], $14::text[], $15::bigint[])
+                       $11::bigint[], $12::bigint[], $13::float8[], $14::text[], $15::bigint[],
+                       $16::text[])
     AS t(stage_id, attempt, owner, outcome, new_state, new_market, retry_in_s, sim_seconds,
          billed_seconds, cost_micros, wasted_micros, saved_micros, progress_to, message,
-         baseline_micros)),
+         baseline_micros, output_digest)),
 updated AS (
   UPDATE trnflow.stages s
   SET state = i.new_state, market = i.new_market, lease_owner = NULL, lease_expires_at = NULL,
@@ -71,7 +72,9 @@ updated AS (
                       THEN now() + make_interval(secs => i.retry_in_s)
                       WHEN i.new_state = 'ready' THEN now() ELSE s.ready_at END,
       finished_at = CASE WHEN i.new_state IN ('succeeded', 'cached', 'failed', 'cancelled')
-                         THEN now() END
+                         THEN now() END,
+      output_digest = CASE WHEN i.new_state IN ('succeeded', 'cached')
+                           THEN NULLIF(i.output_digest, '') END
   FROM input i
   WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner

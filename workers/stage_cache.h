@@ -1,0 +1,22 @@
+#pragma once
+// The cache key of a stage that is not a compile: what it is (its kind), what it was asked to
+// do (its resolved parameters: the simulated workload, or the command with its environment,
+// declared outputs and the contents of the files it names) and what it consumes (the digests
+// of everything upstream). Placement — instance, count, market, retries — changes the bill,
+// not the result, and is left out.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/stage_spec.h"
+
+namespace trnflow::workers {
+
+// Canonical JSON (keys sorted) of the key's inputs; the key is its sha256. `consumed` lists
+// (stage name, digest) of the stages upstream; `workdir` is where the command's relative paths
+// start. A command that mentions ${{ run.id }} depends on its run: `run_id` joins its key.
+std::string StageCacheInputs(const StageSpec& spec,
+                             const std::vector<std::pair<std::string, std::string>>& consumed,
+                             const std::string& workdir, int64_t run_id);
+
+}  // namespace trnflow::workers
