@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "schema/catalog.h"
+
 namespace trnflow::bench {
 
 using Clock = std::chrono::steady_clock;
@@ -22,6 +24,42 @@ inline double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// A run with `n` stages in `state`, inserted in one statement (as the catalog holds them).
+// A run of `n` independent no-op stages in `state` (ready, blocked, or finished), inserted in
+// one statement as the catalog holds them; returns the run's id.
+inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& state,
+                            bool with_attempts) {
+  const bool open = state == "ready" || state == "blocked";
+  std::string run = c.QueryValue(
+      "WITH p AS (INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ('bench', "
+      "md5(random()::text), '') RETURNING id) "
+      "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
+      "SELECT id, 'bench', 1e9, 1, '/', '" +
+      std::string(open ? "running" : "succeeded") + "' FROM p RETURNING id");
+  std::string spec =
+      R"({"name":"s","kind":"run","instance":"c6i.large","count":1,"market":"on-demand",)"
+      R"("command":{"argv":["true"],"shell":false,"env":{}},"workload":null,)"
+      R"("retry":{"max_attempts":1,"on":[],"backoff":{"initial_s":30,"factor":2,"max_s":600},)"
+      R"("max_interruptions":6,"then":"on-demand"},"checkpoint":{"every_s":0,"on_notice":false},)"
+      R"("timeout_s":0,"cache":false})";
+  c.QueryValue(
+      "INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, "
+      "market, state, spec, ready_at, attempts, finished_at) "
+      "SELECT " +
+      run + ", 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
+      "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
+      " FROM generate_series(1, " + std::to_string(n) + ") g RETURNING 1");
+  if (with_attempts)
+    c.QueryValue(
+        "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
+        "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
+        "billed_seconds, outcome, cost_usd, wasted_usd, saved_usd, progress_to) "
+        "SELECT id, run_id, 1, gen_random_uuid(), 'bench', 'c6i.large', 1, 'on-demand', 0.17, "
+        "now(), 60, 60, 'succeeded', 0.002833, 0, 0, 1 FROM trnflow.stages WHERE run_id = " +
+        run + " RETURNING 1");
+  return std::stoll(run);
 }
 
 }  // namespace trnflow::bench

@@ -2,7 +2,8 @@
 // (the worker's two statements, as a worker runs them) on a fresh catalog, then again after
 // loading HISTORY finished stages and their ledger rows, and prints both side by side with
 // the claim's query plan. Usage: claim_bench [HISTORY=1000000] [READY=20000] [BATCH=64]
-// Needs the local PostgreSQL of ops/setup.sh (or TRNFLOW_TEST_ADMIN_URL).
+// Needs the local PostgreSQL of ops/setup.sh (or TRNFLOW_TEST_ADMIN_URL). A fifth argument
+// --json sends the report to stderr and one JSON line to stdout.
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,38 +23,6 @@ using namespace trnflow;
 using namespace trnflow::bench;
 
 namespace {
-
-// A run with `n` stages in `state`, inserted in one statement (as the catalog holds them).
-void InsertStages(schema::Catalog& c, int64_t n, const std::string& state, bool with_attempts) {
-  std::string run = c.QueryValue(
-      "WITH p AS (INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ('bench', "
-      "md5(random()::text), '') RETURNING id) "
-      "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
-      "SELECT id, 'bench', 1e9, 1, '/', '" +
-      std::string(state == "ready" ? "running" : "succeeded") + "' FROM p RETURNING id");
-  std::string spec =
-      R"({"name":"s","kind":"run","instance":"c6i.large","count":1,"market":"on-demand",)"
-      R"("command":{"argv":["true"],"shell":false,"env":{}},"workload":null,)"
-      R"("retry":{"max_attempts":1,"on":[],"backoff":{"initial_s":30,"factor":2,"max_s":600},)"
-      R"("max_interruptions":6,"then":"on-demand"},"checkpoint":{"every_s":0,"on_notice":false},)"
-      R"("timeout_s":0,"cache":false})";
-  c.QueryValue(
-      "INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, "
-      "market, state, spec, ready_at, attempts, finished_at) "
-      "SELECT " +
-      run + ", 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
-      "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " +
-      (state == "ready" ? "NULL" : "now()") + " FROM generate_series(1, " + std::to_string(n) +
-      ") g RETURNING 1");
-  if (with_attempts)
-    c.QueryValue(
-        "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
-        "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
-        "billed_seconds, outcome, cost_usd, wasted_usd, saved_usd, progress_to) "
-        "SELECT id, run_id, 1, gen_random_uuid(), 'bench', 'c6i.large', 1, 'on-demand', 0.17, "
-        "now(), 60, 60, 'succeeded', 0.002833, 0, 0, 1 FROM trnflow.stages WHERE run_id = " +
-        run + " RETURNING 1");
-}
 
 struct Figures {
   double claim_p50, claim_p99, complete_p50, complete_p99, stages_per_s;
@@ -101,15 +70,19 @@ int main(int argc, char** argv) {
   int64_t history = argc > 1 ? std::atoll(argv[1]) : 1'000'000;
   int64_t ready = argc > 2 ? std::atoll(argv[2]) : 20'000;
   int batch = argc > 3 ? std::atoi(argv[3]) : 64;
+  bool json = argc > 4 && std::string(argv[4]) == "--json";
+  FILE* out = json ? stderr : stdout;
+  Figures empty{}, full{};
   std::string name = "trnflow_bench_claim_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   {
     schema::Catalog c(url);
     c.Migrate(sim::Catalog::Builtin());
     c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
-    std::printf("claim_bench: %lld ready stages, claimed and completed %d at a time (one worker)\n",
-                static_cast<long long>(ready), batch);
-    Figures empty = Drain(c, ready, batch);
+    std::fprintf(
+        out, "claim_bench: %lld ready stages, claimed and completed %d at a time (one worker)\n",
+        static_cast<long long>(ready), batch);
+    empty = Drain(c, ready, batch);
     auto t0 = Clock::now();
     InsertStages(c, history, "succeeded", true);
     // Settle the bulk load (vacuum, visibility map, a checkpoint's worth of time) so the
@@ -117,18 +90,18 @@ int main(int argc, char** argv) {
     c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
     c.RunOutsideTransaction("VACUUM ANALYZE trnflow.attempts");
     std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::printf("loaded %lld finished stages with their ledger rows in %.1f s\n",
-                static_cast<long long>(history), Ms(Clock::now() - t0) / 1000);
-    Figures full = Drain(c, ready, batch);
-    std::printf("\n%-28s %14s %14s\n", "", "empty history", "with history");
-    std::printf("%-28s %14.2f %14.2f\n", "claim p50 (ms)", empty.claim_p50, full.claim_p50);
-    std::printf("%-28s %14.2f %14.2f\n", "claim p99 (ms)", empty.claim_p99, full.claim_p99);
-    std::printf("%-28s %14.2f %14.2f\n", "complete p50 (ms)", empty.complete_p50,
-                full.complete_p50);
-    std::printf("%-28s %14.2f %14.2f\n", "complete p99 (ms)", empty.complete_p99,
-                full.complete_p99);
-    std::printf("%-28s %14.0f %14.0f\n", "stages/s (one worker)", empty.stages_per_s,
-                full.stages_per_s);
+    std::fprintf(out, "loaded %lld finished stages with their ledger rows in %.1f s\n",
+                 static_cast<long long>(history), Ms(Clock::now() - t0) / 1000);
+    full = Drain(c, ready, batch);
+    std::fprintf(out, "\n%-28s %14s %14s\n", "", "empty history", "with history");
+    std::fprintf(out, "%-28s %14.2f %14.2f\n", "claim p50 (ms)", empty.claim_p50, full.claim_p50);
+    std::fprintf(out, "%-28s %14.2f %14.2f\n", "claim p99 (ms)", empty.claim_p99, full.claim_p99);
+    std::fprintf(out, "%-28s %14.2f %14.2f\n", "complete p50 (ms)", empty.complete_p50,
+                 full.complete_p50);
+    std::fprintf(out, "%-28s %14.2f %14.2f\n", "complete p99 (ms)", empty.complete_p99,
+                 full.complete_p99);
+    std::fprintf(out, "%-28s %14.0f %14.0f\n", "stages/s (one worker)", empty.stages_per_s,
+                 full.stages_per_s);
     InsertStages(c, 1000, "ready", false);
     c.QueryValue("ANALYZE trnflow.stages");
     // EXPLAIN returns rows; a session-local function folds them into one value.
@@ -142,13 +115,21 @@ int main(int argc, char** argv) {
         LOOP plan := plan || '  ' || line || E'\n'; END LOOP;
         RETURN plan;
       END $$)");
-    std::printf("\nthe claim's scan, with %lld finished stages in the table:\n%s",
-                static_cast<long long>(history),
-                c.QueryValue("SELECT pg_temp.explain_claim()").c_str());
+    std::fprintf(out, "\nthe claim's scan, with %lld finished stages in the table:\n%s",
+                 static_cast<long long>(history),
+                 c.QueryValue("SELECT pg_temp.explain_claim()").c_str());
   }
   if (std::getenv("TRNFLOW_BENCH_KEEP_DB"))
-    std::printf("kept database %s\n", name.c_str());
+    std::fprintf(out, "kept database %s\n", name.c_str());
   else
     schema::DropDatabase(AdminUrl(), name);
+  if (json)
+    std::printf(
+        "{\"system\":\"trnflow\",\"workload\":\"claim_history\",\"history\":%lld,"
+        "\"batch\":%d,\"claim_p50_ms_empty\":%.2f,\"claim_p50_ms\":%.2f,"
+        "\"claim_p99_ms\":%.2f,\"complete_p50_ms\":%.2f,\"per_s_empty\":%.0f,"
+        "\"per_s\":%.0f}\n",
+        static_cast<long long>(history), batch, empty.claim_p50, full.claim_p50, full.claim_p99,
+        full.complete_p50, empty.stages_per_s, full.stages_per_s);
   return 0;
 }

@@ -449,10 +449,11 @@ std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int
   });
 }
 
-std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s) {
+std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s,
+                                               const std::vector<int64_t>& stage_ids) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::result r = impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s);
+    pqxx::result r = impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s, NumberArray(stage_ids));
     impl_->Exec(tx, "WorkerHeartbeat", worker_id);
     tx.commit();
     std::vector<LeaseKey> out;

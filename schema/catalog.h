@@ -267,8 +267,10 @@ class Catalog {
                                              const std::string& worker_id,
                                              const std::string& worker_name, double lease_s,
                                              int64_t only_run = 0);
-  // Leases still held after renewal; an in-flight stage missing here was taken over.
-  std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s);
+  // Renews the leases of `stage_ids` (the stages this worker runs) and returns those it still
+  // holds; an in-flight stage missing here was taken over.
+  std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
+                                        const std::vector<int64_t>& stage_ids);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,
   // skips what is downstream of stages that failed, and finishes runs, in one transaction.
   // Returns the results that were applied (a stale result is silently dropped).

@@ -9,6 +9,7 @@
 // stages finish for the grace period, then stops them and hands them back (ready again,
 // attempt closed as cancelled, not counted against any budget).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,10 @@ struct WorkerOptions {
   double shutdown_grace_s = 10;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
+  // Benchmarks only: called at the start of every attempt instead of its executor, with the
+  // stage's id; true means the attempt succeeded at once (a no-op stage, as job-queue
+  // benchmarks use no-op handlers). Everything else (claim, ledger, release) is as always.
+  std::function<bool(int64_t stage_id)> noop_executor;
 };
 
 class Worker {

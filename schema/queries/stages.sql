@@ -41,13 +41,25 @@ JOIN opened o ON o.stage_id = c.id
 JOIN trnflow.runs r ON r.id = c.run_id;
 
 -- name: HeartbeatLeases
--- Renews every lease this worker holds in one statement; a lease missing from the result
--- was taken over and its stage must stop.
--- Also says which of them belong to a cancelled run (and why), so the worker stops them.
-UPDATE trnflow.stages s SET lease_expires_at = now() + make_interval(secs => $2)
-FROM trnflow.runs r
-WHERE s.state = 'running' AND s.lease_owner = $1::uuid AND r.id = s.run_id
-RETURNING s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '');
+-- Renews the leases of the stages this worker runs ($3) in one statement and says which it
+-- still holds; a stage missing from the result was taken over and must stop. A lease the
+-- worker does not know it holds (a claim whose reply was lost) is left to expire and be
+-- rescued. Rows another transaction has locked right now (usually this worker's own commit
+-- of them) are skipped, not waited for: waiting would queue behind every commit and can
+-- deadlock with its lock order. A skipped row is still reported held (the snapshot shows it
+-- ours) and is renewed next time, long before its lease runs out. Also says which stages
+-- belong to a cancelled run (and why).
+WITH mine AS MATERIALIZED (  -- locked once each (an IN subquery was re-run per row)
+  SELECT id FROM trnflow.stages  -- by id, not the leases index (see CompleteAttempts)
+  WHERE id = ANY($3::bigint[]) AND state || '' = 'running' AND lease_owner = $1::uuid
+  FOR UPDATE SKIP LOCKED),
+renewed AS (
+  UPDATE trnflow.stages s SET lease_expires_at = now() + make_interval(secs => $2)
+  FROM mine WHERE s.id = mine.id  -- locked above, so still running under this lease
+  RETURNING s.id)
+SELECT s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '')
+FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
+WHERE s.id = ANY($3::bigint[]) AND s.state || '' = 'running' AND s.lease_owner = $1::uuid;
 
 -- name: CompleteAttempts
 -- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
@@ -76,7 +88,10 @@ updated AS (
       output_digest = CASE WHEN i.new_state IN ('succeeded', 'cached')
                            THEN NULLIF(i.output_digest, '') END
   FROM input i
-  WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
+  -- `state || ''`: not the partial indexes' predicate, so each row is found by its id. With
+  -- `state = 'running'` a generic plan that believed few stages run walked the whole leases
+  -- index once per batch row (seconds per batch).
+  WHERE s.id = i.stage_id AND s.state || '' = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner
   RETURNING s.id, s.run_id, s.state, i.attempt),
 closed AS (
@@ -88,8 +103,10 @@ closed AS (
       progress_to = i.progress_to, message = NULLIF(i.message, '')
   FROM input i JOIN updated u ON u.id = i.stage_id
   WHERE a.stage_id = i.stage_id AND a.attempt = i.attempt AND a.outcome IS NULL
-  RETURNING a.stage_id)
-SELECT u.id, u.run_id, u.state FROM updated u JOIN closed c ON c.stage_id = u.id;
+  RETURNING u.id, u.run_id, u.state)
+-- No join back to `updated`: with a generic plan's one-row estimates it became a nested loop
+-- over two CTE scans, quadratic in the batch.
+SELECT id, run_id, state FROM closed;
 
 -- name: ReleaseDependents
 -- Stages whose needs all succeeded become ready; one notify per pool that gained work.

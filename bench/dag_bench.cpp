@@ -1,0 +1,87 @@
+// dag_bench: a 10,000-stage pipeline of no-op stages from file to finished, on WORKERS idle
+// worker processes: "fan" (one root, 9,998 stages after it, one sink after them all) or
+// "chains" (100 chains of 100). Timed from reading the file (parse, validate, submit) to
+// the catalog recording the run finished; every stage gets its attempt, bill and release.
+// Usage: dag_bench [--shape fan|chains] [--stages 10000] [--workers 2] [--capacity 256]
+// Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "bench/bench_util.h"
+#include "bench/dag_gen.h"
+#include "bench/worker_procs.h"
+#include "pipelines/pipeline.h"
+#include "sim/catalog.h"
+
+using namespace trnflow;
+using namespace trnflow::bench;
+
+int main(int argc, char** argv) {
+  std::string shape = "fan";
+  int stages = 10000, workers = 2, capacity = 256;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--shape")
+      shape = v;
+    else if (k == "--stages")
+      stages = std::stoi(v);
+    else if (k == "--workers")
+      workers = std::stoi(v);
+    else if (k == "--capacity")
+      capacity = std::stoi(v);
+  }
+  std::string name = "trnflow_bench_dag_" + std::to_string(getpid());
+  std::string url = schema::CreateDatabase(AdminUrl(), name);
+  std::string file = "/tmp/trnflow-dag-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(file) << DagYaml(shape, stages);
+  {
+    schema::Catalog c(url);
+    c.Migrate(sim::Catalog::Builtin());
+    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+  }
+  double seconds = 0, submit_s = 0;
+  int64_t run = 0;
+  {
+    WorkerProcesses procs(url, workers, capacity);  // idle and listening, as deployed
+    schema::Catalog c(url);
+    sleep(1);
+    double start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
+    auto loaded = pipelines::LoadPipelineFile(file, {});
+    if (!loaded.pipeline) {
+      std::fprintf(stderr, "dag_bench: the generated pipeline does not validate\n");
+      return 1;
+    }
+    schema::SubmitOptions opts;
+    opts.speed = 1e9;
+    opts.workdir = "/tmp";
+    run = c.SubmitRun(*loaded.pipeline, opts);
+    submit_s = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())")) - start;
+    std::string end;
+    while ((end = c.QueryValue("SELECT coalesce(extract(epoch FROM finished_at)::text, '') "
+                               "FROM trnflow.runs WHERE id = " +
+                               std::to_string(run)))
+               .empty())
+      usleep(5000);
+    seconds = std::stod(end) - start;
+    std::string state =
+        c.QueryValue("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+    std::string done = c.QueryValue(
+        "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
+        std::to_string(run));
+    if (state != "succeeded" || std::stoi(done) != stages) {
+      std::fprintf(stderr, "dag_bench: run %s with %s of %d stages\n", state.c_str(), done.c_str(),
+                   stages);
+      return 1;
+    }
+  }
+  std::remove(file.c_str());
+  schema::DropDatabase(AdminUrl(), name);
+  std::printf(
+      "{\"system\":\"trnflow\",\"workload\":\"dag\",\"shape\":\"%s\",\"stages\":%d,"
+      "\"edges\":%d,\"processes\":%d,\"submit_seconds\":%.3f,\"seconds\":%.3f,\"per_s\":%.0f}\n",
+      shape.c_str(), stages, DagEdges(shape, stages), workers, submit_s, seconds, stages / seconds);
+  return 0;
+}
