@@ -2,7 +2,7 @@
 // worker processes: "fan" (one root, 9,998 stages after it, one sink after them all) or
 // "chains" (100 chains of 100). Timed from reading the file (parse, validate, submit) to
 // the catalog recording the run finished; every stage gets its attempt, bill and release.
-// Usage: dag_bench [--shape fan|chains] [--stages 10000] [--workers 2] [--capacity 256]
+// Usage: dag_bench [--shape fan|chains] [--stages 10000] [--workers 2] [--capacity 128]
 // Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
 #include <unistd.h>
 
@@ -21,7 +21,7 @@ using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
   std::string shape = "fan";
-  int stages = 10000, workers = 2, capacity = 256;
+  int stages = 10000, workers = 2, capacity = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--shape")
@@ -60,11 +60,17 @@ int main(int argc, char** argv) {
     run = c.SubmitRun(*loaded.pipeline, opts);
     submit_s = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())")) - start;
     std::string end;
+    auto deadline = Clock::now() + std::chrono::minutes(15);
     while ((end = c.QueryValue("SELECT coalesce(extract(epoch FROM finished_at)::text, '') "
                                "FROM trnflow.runs WHERE id = " +
                                std::to_string(run)))
-               .empty())
+               .empty()) {
+      if (Clock::now() > deadline) {
+        std::fprintf(stderr, "%s: the run did not finish in 15 minutes\n", argv[0]);
+        return 1;
+      }
       usleep(5000);
+    }
     seconds = std::stod(end) - start;
     std::string state =
         c.QueryValue("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));

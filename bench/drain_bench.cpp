@@ -2,7 +2,7 @@
 // processes start, and the time runs until the catalog records the last one done, with the
 // full bookkeeping of every stage: claim under a lease, an attempt row opened and closed in
 // the ledger with its bill, the stage's state, the dependents check and the run's finish.
-// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 256] [--batch 512]
+// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512]
 // Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
 #include <cstdio>
 #include <cstring>
@@ -17,7 +17,7 @@ using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
   int64_t stages = 200000;
-  int workers = 1, capacity = 256, batch = 512;
+  int workers = 1, capacity = 128, batch = 512;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     long v = std::atol(argv[i + 1]);
@@ -50,11 +50,17 @@ int main(int argc, char** argv) {
     WorkerProcesses procs(url, workers, capacity, batch);  // forked before this connection
     schema::Catalog c(url);
     std::string end;
+    auto deadline = Clock::now() + std::chrono::minutes(15);
     while ((end = c.QueryValue("SELECT coalesce(extract(epoch FROM finished_at)::text, '') "
                                "FROM trnflow.runs WHERE id = " +
                                std::to_string(run)))
-               .empty())
+               .empty()) {
+      if (Clock::now() > deadline) {
+        std::fprintf(stderr, "%s: the run did not finish in 15 minutes\n", argv[0]);
+        return 1;
+      }
       usleep(5000);
+    }
     seconds = std::stod(end) - start;
     procs.Stop();
     std::string done = c.QueryValue(

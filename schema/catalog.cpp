@@ -222,6 +222,22 @@ struct Catalog::Impl {
         run_ids ? Exec(tx, "FinishRuns", NumberArray(*run_ids)) : Exec(tx, "FinishRuns", nullptr);
     std::vector<int64_t> out;
     for (const auto& row : r) out.push_back(row[0].as<int64_t>());
+    if (!run_ids) return out;
+    // Two workers closing a run's last stages at once each see the other's still running,
+    // and neither would finish the run. When all that is left of a run is running, lock it
+    // and look again in a new statement: the second committer waits for the first and then
+    // sees its stages finished.
+    std::vector<int64_t> rest;
+    for (int64_t id : *run_ids)
+      if (std::find(out.begin(), out.end(), id) == out.end()) rest.push_back(id);
+    if (rest.empty()) return out;
+    std::vector<int64_t> only_running;
+    for (const auto& row : Exec(tx, "RunsOnlyRunning", NumberArray(rest)))
+      only_running.push_back(row[0].as<int64_t>());
+    if (only_running.empty()) return out;
+    Exec(tx, "LockRuns", NumberArray(only_running));
+    for (const auto& row : Exec(tx, "FinishRuns", NumberArray(only_running)))
+      out.push_back(row[0].as<int64_t>());
     return out;
   }
 

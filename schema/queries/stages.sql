@@ -154,6 +154,15 @@ WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY($1::bigint[]))
                   AND s.state IN ('blocked', 'ready', 'running', 'retry_wait'))
 RETURNING r.id, r.state;
 
+-- name: RunsOnlyRunning
+-- Of these unfinished runs, those with nothing left but running stages.
+SELECT r.id FROM unnest($1::bigint[]) AS r(id)
+WHERE NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
+                  AND s.state IN ('blocked', 'ready', 'retry_wait'));
+
+-- name: LockRuns
+SELECT id FROM trnflow.runs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
+
 -- name: PromoteRetries
 -- retry_wait stages whose backoff has elapsed become ready.
 WITH promoted AS (

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Folds the JSON lines bench/run.sh collected into bench/results/DATE.md (min / median /
+max per system and workload, ratios of medians, the goals, and where the time goes, from
+bench/analysis.md) and latest.json (the medians, for scripts).
+Usage: report.py RAW.jsonl OUT.md OUT.json"""
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+
+
+def run(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def main(raw_path, md_path, json_path):
+    rows = [json.loads(l) for l in open(raw_path) if l.strip()]
+    series = defaultdict(list)  # (workload, system, variant) -> [row]
+    for r in rows:
+        system = r.get("system") or r.get("peer")
+        variant = ""
+        if r["workload"] == "drain":
+            variant = f"{r.get('processes', 1)}p"
+        elif r["workload"] == "dag":
+            variant = r["shape"]
+        elif r["workload"] == "report":
+            variant = f"{r['attempts']}"
+        series[(r["workload"], system, variant)].append(r)
+
+    def stat(key, field):
+        v = [r[field] for r in series.get(key, []) if field in r]
+        return (min(v), statistics.median(v), max(v), len(v)) if v else None
+
+    def med(key, field):
+        s = stat(key, field)
+        return s[1] if s else None
+
+    md = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    peers = json.load(open(os.path.join(here, "peers", "package.json"))).get("dependencies", {})
+    md.append(f"# Benchmarks, {os.path.basename(md_path)[:-3]}\n")
+    md.append(
+        f"Machine: {os.cpu_count()} cores, "
+        f"{run('free -g | awk \"/Mem:/ {print \\$2}\"')} GiB, {platform.system()} "
+        f"{platform.release()}; PostgreSQL {run('/usr/lib/postgresql/15/bin/postgres --version').split()[-1]}"
+        f" (private instance, default settings: fsync and synchronous_commit on); "
+        f"peers {', '.join(f'{k} {v}' for k, v in sorted(peers.items()))} on Node "
+        f"{run(os.environ.get('BENCH_NODE', 'node') + ' --version') or '?'}. "
+        f"Each figure: min / median / max over the repetitions (n). Produced by `bench/run.sh`; "
+        f"raw lines in `{os.path.basename(raw_path)}`.\n")
+
+    def table(title, header, lines):
+        md.append(f"\n## {title}\n")
+        md.append("| " + " | ".join(header) + " |")
+        md.append("|" + "|".join("---" for _ in header) + "|")
+        for l in lines:
+            md.append("| " + " | ".join(l) + " |")
+
+    def fmt(s, digits=0):
+        if not s:
+            return "—"
+        f = f"{{:,.{digits}f}}"
+        return f"{f.format(s[0])} / **{f.format(s[1])}** / {f.format(s[2])} (n={s[3]})"
+
+    # Drain.
+    drain_lines = []
+    for system, variant, label in [
+            ("trnflow", "1p", "trnflow, 1 worker process"),
+            ("trnflow", "2p", "trnflow, 2 worker processes"),
+            ("trnflow", "4p", "trnflow, 4 worker processes"),
+            ("graphile_worker", "1p", "graphile-worker, 1 process"),
+            ("graphile_worker", "2p", "graphile-worker, 2 processes"),
+            ("pg_boss", "1p", "pg-boss")]:
+        drain_lines.append([label, fmt(stat(("drain", system, variant), "per_s"))])
+    trn_drain = max((med(("drain", "trnflow", v), "per_s") or 0) for v in ("1p", "2p", "4p"))
+    gw_drain = max((med(("drain", "graphile_worker", v), "per_s") or 0) for v in ("1p", "2p"))
+    boss_drain = med(("drain", "pg_boss", "1p"), "per_s") or 0
+    best_peer = max(gw_drain, boss_drain)
+    table("1. Drain: independent no-op jobs already queued, start to last recorded done",
+          ["system", "jobs/s"], drain_lines)
+    md.append(f"\ntrnflow's best median / best peer's: **{trn_drain / best_peer:.2f}×**"
+              if best_peer else "")
+
+    # Pickup.
+    pick = []
+    for system in ("trnflow", "graphile_worker", "pg_boss"):
+        pick.append([system, fmt(stat(("pickup", system, ""), "p50_ms"), 2),
+                     fmt(stat(("pickup", system, ""), "p99_ms"), 2),
+                     fmt(stat(("pickup", system, ""), "max_ms"), 2)])
+    table("3. Pickup latency at 100/s to idle workers (ms; trnflow: readying COMMIT → executor "
+          "start; peers: add → handler start)", ["system", "p50", "p99", "max"], pick)
+    peer_p99 = [m for m in (med(("pickup", s, ""), "p99_ms") for s in ("graphile_worker", "pg_boss"))
+                if m is not None]
+
+    # Submit.
+    sub = [["trnflow `submit` (10,000-stage pipeline file → committed)",
+            fmt(stat(("submit", "trnflow", ""), "per_s"))]]
+    for system in ("graphile_worker", "pg_boss"):
+        sub.append([f"{system} bulk enqueue (10,000 jobs)",
+                    fmt(stat(("enqueue", system, ""), "per_s"))])
+    table("4. Submit", ["what", "stages or jobs/s"], sub)
+    phases = {k: med(("submit", "trnflow", ""), k) for k in
+              ("seconds", "parse_validate_s", "plan_s", "insert_s")}
+    if phases["seconds"]:
+        md.append(f"\ntrnflow submit, median {phases['seconds']:.3f} s: parse and validate "
+                  f"{phases['parse_validate_s']:.3f} s, plan (budget admission) "
+                  f"{phases['plan_s']:.3f} s, insert {phases['insert_s']:.3f} s, the rest "
+                  "process start and connection.")
+
+    # DAG.
+    dag = []
+    drain_2p = med(("drain", "trnflow", "2p"), "per_s")
+    dag_json = {}
+    for shape, label in [("fan", "fan-out/fan-in (1 → 9,998 → 1)"), ("chains", "100 chains of 100")]:
+        k = ("dag", "trnflow", shape)
+        secs, edges = med(k, "seconds"), med(k, "edges")
+        overhead = None
+        if secs and edges and drain_2p:
+            overhead = (secs - med(k, "stages") / drain_2p) / edges * 1e6
+        dag.append([label, fmt(stat(k, "per_s")), fmt(stat(k, "seconds"), 2),
+                    f"{overhead:,.0f} µs" if overhead is not None else "—"])
+        dag_json[shape] = {"stages_per_s": med(k, "per_s"), "seconds": secs,
+                           "overhead_per_edge_us": overhead}
+    table("2. DAG: 10,000-stage pipelines, file → finished, 2 worker processes",
+          ["shape", "stages/s", "seconds", "overhead per edge"], dag)
+    md.append("\nOverhead per edge: (DAG seconds − the same stage count at the independent "
+              "drain rate with 2 processes) / edges. No peer runs DAGs in the database.")
+
+    # Reports and claim latency.
+    rep = []
+    rep_json = {}
+    for key in sorted({k for k in series if k[0] == "report"}, key=lambda k: int(k[2])):
+        n = int(key[2])
+        rep.append([f"{n:,}", f"{med(key, 'rollup_p50_ms'):.1f}", f"{med(key, 'ledger_p50_ms'):.1f}",
+                    f"{med(key, 'load_s'):.0f} s"])
+        rep_json[f"{n // 1000000}M_ms"] = med(key, "rollup_p50_ms")
+        rep_json[f"{n // 1000000}M_ledger_ms"] = med(key, "ledger_p50_ms")
+    table("5. Spend report (one project's month by stage), median ms",
+          ["attempt rows", "trnflow spend (rollup)", "same from the ledger view", "load"], rep)
+    claim = series.get(("claim_history", "trnflow", ""), [])
+    if claim:
+        c = claim[0]
+        table("6. Scale: claim latency with 1M finished stages in history (64 per claim)",
+              ["", "empty history", "1M finished"],
+              [["claim p50 ms", f"{c['claim_p50_ms_empty']:.2f}", f"{c['claim_p50_ms']:.2f}"],
+               ["stages/s (claim + complete, one session)", f"{c['per_s_empty']:,.0f}",
+                f"{c['per_s']:,.0f}"]])
+    md.append("\nDrain by worker processes (scale): see table 1.")
+
+    # Goals.
+    def yes(ok):
+        return "met" if ok else "**not met**"
+    trn_p99 = med(("pickup", "trnflow", ""), "p99_ms")
+    dag_best = max((dag_json[s]["stages_per_s"] or 0) for s in dag_json)
+    sub_rate = med(("submit", "trnflow", ""), "per_s") or 0
+    goals = [
+        ["drain ≥ 1.0× graphile-worker's best (stretch 1.5×)",
+         f"{trn_drain / gw_drain:.2f}×" if gw_drain else "—", yes(gw_drain and trn_drain >= gw_drain)],
+        ["pickup p99 ≤ 3 ms", f"{trn_p99:.2f} ms" if trn_p99 else "—", yes(trn_p99 and trn_p99 <= 3)],
+        ["DAG ≥ 20,000 stages/s", f"{dag_best:,.0f}", yes(dag_best >= 20000)],
+        ["submit ≥ 50,000 stages/s", f"{sub_rate:,.0f}", yes(sub_rate >= 50000)],
+    ]
+    table("Goals", ["goal", "median", ""], goals)
+
+    analysis = os.path.join(here, "analysis.md")
+    if os.path.exists(analysis):
+        md.append("\n" + open(analysis).read().strip())
+    open(md_path, "w").write("\n".join(md) + "\n")
+
+    latest = {
+        "date": os.path.basename(md_path)[:-3],
+        "drain": {"trnflow": trn_drain, "graphile_worker": gw_drain, "pg_boss": boss_drain,
+                  "ratio_best_peer": trn_drain / best_peer if best_peer else None,
+                  "trnflow_by_processes": {v: med(("drain", "trnflow", v), "per_s")
+                                           for v in ("1p", "2p", "4p")},
+                  "graphile_worker_by_processes": {v: med(("drain", "graphile_worker", v), "per_s")
+                                                   for v in ("1p", "2p")}},
+        "pickup": {"trnflow_p50_ms": med(("pickup", "trnflow", ""), "p50_ms"),
+                   "trnflow_p99_ms": trn_p99,
+                   "peer_best_p99_ms": min(peer_p99) if peer_p99 else None},
+        "dag": dag_json,
+        "submit": {"trnflow": sub_rate,
+                   "graphile_worker": med(("enqueue", "graphile_worker", ""), "per_s"),
+                   "pg_boss": med(("enqueue", "pg_boss", ""), "per_s")},
+        "report": rep_json,
+    }
+    json.dump(latest, open(json_path, "w"), indent=2)
+    open(json_path, "a").write("\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
