@@ -124,9 +124,9 @@ EOF
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bench') THEN
-    CREATE ROLE bench LOGIN CREATEDB PASSWORD 'bench';
+    CREATE ROLE bench LOGIN CREATEDB CREATEROLE PASSWORD 'bench';  -- trnflow's migrations add roles
   ELSE
-    ALTER ROLE bench LOGIN CREATEDB PASSWORD 'bench';
+    ALTER ROLE bench LOGIN CREATEDB CREATEROLE PASSWORD 'bench';
   END IF;
 END
 $$;

@@ -45,15 +45,16 @@ def main(raw_path, md_path, json_path):
     here = os.path.dirname(os.path.abspath(__file__))
     peers = json.load(open(os.path.join(here, "peers", "package.json"))).get("dependencies", {})
     md.append(f"# Benchmarks, {os.path.basename(md_path)[:-3]}\n")
+    mem = run("free -g | awk '/Mem:/ {print $2}'")
+    pg = (run("/usr/lib/postgresql/15/bin/postgres --version").split() + ["?"] * 3)[2]
+    node = run(os.environ.get("BENCH_NODE", "node") + " --version") or "?"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(peers.items()))
     md.append(
-        f"Machine: {os.cpu_count()} cores, "
-        f"{run('free -g | awk \"/Mem:/ {print \\$2}\"')} GiB, {platform.system()} "
-        f"{platform.release()}; PostgreSQL {run('/usr/lib/postgresql/15/bin/postgres --version').split()[-1]}"
-        f" (private instance, default settings: fsync and synchronous_commit on); "
-        f"peers {', '.join(f'{k} {v}' for k, v in sorted(peers.items()))} on Node "
-        f"{run(os.environ.get('BENCH_NODE', 'node') + ' --version') or '?'}. "
-        f"Each figure: min / median / max over the repetitions (n). Produced by `bench/run.sh`; "
-        f"raw lines in `{os.path.basename(raw_path)}`.\n")
+        f"Machine: {os.cpu_count()} cores, {mem} GiB, {platform.system()} {platform.release()}; "
+        f"PostgreSQL {pg} (private instance, default settings: fsync and synchronous_commit on); "
+        f"peers {versions} on Node {node}. Each figure: min / **median** / max over the "
+        f"repetitions (n). Produced by `bench/run.sh`; raw lines in "
+        f"`{os.path.basename(raw_path)}`.\n")
 
     def table(title, header, lines):
         md.append(f"\n## {title}\n")
@@ -87,6 +88,25 @@ def main(raw_path, md_path, json_path):
     md.append(f"\ntrnflow's best median / best peer's: **{trn_drain / best_peer:.2f}×**"
               if best_peer else "")
 
+    # DAG.
+    dag = []
+    drain_2p = med(("drain", "trnflow", "2p"), "per_s")
+    dag_json = {}
+    for shape, label in [("fan", "fan-out/fan-in (1 → 9,998 → 1)"), ("chains", "100 chains of 100")]:
+        k = ("dag", "trnflow", shape)
+        secs, edges = med(k, "seconds"), med(k, "edges")
+        overhead = None
+        if secs and edges and drain_2p:
+            overhead = (secs - med(k, "stages") / drain_2p) / edges * 1e6
+        dag.append([label, fmt(stat(k, "per_s")), fmt(stat(k, "seconds"), 2),
+                    f"{overhead:,.0f} µs" if overhead is not None else "—"])
+        dag_json[shape] = {"stages_per_s": med(k, "per_s"), "seconds": secs,
+                           "overhead_per_edge_us": overhead}
+    table("2. DAG: 10,000-stage pipelines, file → finished, 2 worker processes",
+          ["shape", "stages/s", "seconds", "overhead per edge"], dag)
+    md.append("\nOverhead per edge: (DAG seconds − the same stage count at the independent "
+              "drain rate with 2 processes) / edges. No peer runs DAGs in the database.")
+
     # Pickup.
     pick = []
     for system in ("trnflow", "graphile_worker", "pg_boss"):
@@ -112,25 +132,6 @@ def main(raw_path, md_path, json_path):
                   f"{phases['parse_validate_s']:.3f} s, plan (budget admission) "
                   f"{phases['plan_s']:.3f} s, insert {phases['insert_s']:.3f} s, the rest "
                   "process start and connection.")
-
-    # DAG.
-    dag = []
-    drain_2p = med(("drain", "trnflow", "2p"), "per_s")
-    dag_json = {}
-    for shape, label in [("fan", "fan-out/fan-in (1 → 9,998 → 1)"), ("chains", "100 chains of 100")]:
-        k = ("dag", "trnflow", shape)
-        secs, edges = med(k, "seconds"), med(k, "edges")
-        overhead = None
-        if secs and edges and drain_2p:
-            overhead = (secs - med(k, "stages") / drain_2p) / edges * 1e6
-        dag.append([label, fmt(stat(k, "per_s")), fmt(stat(k, "seconds"), 2),
-                    f"{overhead:,.0f} µs" if overhead is not None else "—"])
-        dag_json[shape] = {"stages_per_s": med(k, "per_s"), "seconds": secs,
-                           "overhead_per_edge_us": overhead}
-    table("2. DAG: 10,000-stage pipelines, file → finished, 2 worker processes",
-          ["shape", "stages/s", "seconds", "overhead per edge"], dag)
-    md.append("\nOverhead per edge: (DAG seconds − the same stage count at the independent "
-              "drain rate with 2 processes) / edges. No peer runs DAGs in the database.")
 
     # Reports and claim latency.
     rep = []
