@@ -1164,8 +1164,14 @@ std::string CreateDatabase(const std::string& admin_url, const std::string& name
 
 void DropDatabase(const std::string& admin_url, const std::string& name) {
   pqxx::connection c(admin_url);
-  pqxx::nontransaction nt(c);
-  nt.exec("DROP DATABASE IF EXISTS " + nt.quote_name(name) + " WITH (FORCE)");
+  std::string db = c.quote_name(name);
+  try {
+    pqxx::nontransaction(c).exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");
+  } catch (const pqxx::insufficient_privilege&) {
+    // FORCE may not end a superuser's session, such as an autovacuum worker busy in the
+    // database after a benchmark; a plain DROP cancels autovacuum and waits for the rest.
+    pqxx::nontransaction(c).exec("DROP DATABASE IF EXISTS " + db);
+  }
 }
 
 }  // namespace trnflow::schema
