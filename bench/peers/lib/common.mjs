@@ -58,19 +58,25 @@ export function parseArgs(argv, defaults = {}) {
 
 export function intArg(args, name, { min = 1 } = {}) {
   const v = Number(args[name]);
-  if (!Number.isInteger(v) || v < min) throw new Error(`--${name} must be an integer >= ${min}, got '${args[name]}'`);
+  if (!Number.isInteger(v) || v < min) throw usageError(`--${name} must be an integer >= ${min}, got '${args[name]}'`);
   return v;
 }
 
 export const PEERS = ['graphile_worker', 'pg_boss'];
+
+function usageError(msg) {
+  const e = new Error(msg);
+  e.usage = true;
+  return e;
+}
 
 export function checkCommon(args, usage) {
   if (args.help) {
     process.stderr.write(usage + '\n');
     process.exit(0);
   }
-  if (!PEERS.includes(args.peer)) throw new Error(`--peer must be one of ${PEERS.join(', ')}\n${usage}`);
-  if (!args.db || args.db === true) throw new Error(`--db URL is required\n${usage}`);
+  if (!PEERS.includes(args.peer)) throw usageError(`--peer must be one of ${PEERS.join(', ')}\n${usage}`);
+  if (!args.db || args.db === true) throw usageError(`--db URL is required\n${usage}`);
 }
 
 export async function loadPeer(name) {
@@ -113,7 +119,7 @@ export function runMain(main) {
   main().then(
     () => process.exit(0),
     (err) => {
-      process.stderr.write(`error: ${err && err.stack ? err.stack : err}\n`);
+      process.stderr.write(`error: ${err && err.usage ? err.message : err && err.stack ? err.stack : err}\n`);
       process.exit(1);
     },
   );

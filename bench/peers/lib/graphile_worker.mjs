@@ -16,10 +16,11 @@ async function lib() {
 
 // Worker settings for throughput (drain). These follow graphile-worker's own performance
 // page / perfTest preset (worker.graphile.org/docs/performance): concurrentJobs 24,
-// maxPoolSize concurrentJobs+1, localQueue of 500 jobs fetched+locked per round trip with
-// a 10 ms refetch delay when the queue runs short, and batched completion/failure
+// maxPoolSize concurrentJobs+1, a localQueue (jobs fetched+locked per round trip) with a
+// 10 ms refetch delay when the queue runs short, and batched completion/failure
 // (completeJobBatchDelay/failJobBatchDelay 0 = flush on the next tick, merging all
-// completions made in the meantime into one statement).
+// completions made in the meantime into one statement). The preset's localQueue size is 500;
+// 5000 was clearly faster on our 2-core machine (see README.md for the measurements).
 // Overridable through env for experiments: GW_CONCURRENCY, GW_LOCAL_QUEUE, GW_POOL,
 // GW_COMPLETE_DELAY, GW_REFETCH_MS.
 function drainSettings() {
@@ -41,9 +42,9 @@ function drainSettings() {
 // than by polling; pollInterval only matters for future-dated/retried jobs. We keep the
 // default concurrency-per-process mechanics but disable the localQueue (its refetch delay
 // and batch locking only add latency for a trickle of jobs) and leave completion batching
-// off (-1) so the next fetch is never waiting behind a completion flush. Lowest
-// pollInterval set as well (100 ms) as a backstop. Measured on this machine, these were
-// the lowest-latency choices (see README.md).
+// off (-1) so the next fetch is never waiting behind a completion flush. A low
+// pollInterval (100 ms) as a backstop. On this machine concurrency 4 or a small localQueue
+// measured the same within noise (see README.md).
 function pickupSettings() {
   const env = process.env;
   const s = {
