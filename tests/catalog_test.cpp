@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -698,6 +701,54 @@ TEST(Schedules, EachSlotFiresExactlyOnceUnderEveryCatchUpPolicy) {
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs r JOIN trnflow.pipelines p ON "
                          "p.id = r.pipeline_id WHERE p.name = 'hourly'"),
             "9");
+}
+
+// Two workers closing a run's last two stages at the same moment each see the other's still
+// running; the run must finish anyway, with no scheduler to sweep it up afterwards.
+TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
+  schema::Catalog c(TestDatabase::url());
+  std::vector<int64_t> runs;
+  for (int i = 0; i < 100; ++i)
+    runs.push_back(c.SubmitRun(MustParse("pipeline: pair\nproject: lab\nstages:\n"
+                                         "  a:\n    run: [\"true\"]\n"
+                                         "  b:\n    run: [\"true\"]\n"),
+                               Fast()));
+  // Each worker runs one stage at a time, and the two meet at a barrier so they finish
+  // together: the two stages of a run, claimed in order, commit at the same moment.
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0, generation = 0;
+  auto together = [&](int64_t) {
+    std::unique_lock lock(mu);
+    int mine = generation;
+    if (++arrived == 2) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return generation != mine; });
+      if (generation == mine) arrived = 0;  // the last stage has no partner
+    }
+    return true;
+  };
+  std::vector<std::unique_ptr<workers::Worker>> fleet;
+  for (int i = 0; i < 2; ++i) {
+    auto o = WorkerOpts({{"cpu", 1}});
+    o.noop_executor = together;
+    o.commit_batch = 1;
+    fleet.push_back(std::make_unique<workers::Worker>(o));
+  }
+  for (auto& w : fleet) w->Start();
+  bool all = WaitFor(
+      [&] {
+        return std::all_of(runs.begin(), runs.end(), [&](int64_t r) { return RunEnded(c, r); });
+      },
+      30);
+  for (auto& w : fleet) w->Stop();
+  ASSERT_TRUE(all) << c.QueryValue(
+      "SELECT count(*) FROM trnflow.runs WHERE state = 'running' AND NOT EXISTS (SELECT 1 FROM "
+      "trnflow.stages s WHERE s.run_id = runs.id AND s.state <> 'succeeded')");
+  for (int64_t r : runs) EXPECT_EQ(RunState(c, r), "succeeded");
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
