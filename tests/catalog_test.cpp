@@ -496,7 +496,7 @@ TEST(StageCache, OutputsAreStoredVerifiedAndRestored) {
   EXPECT_THROW(workers::OutputsDigest((base / "run-1").string(), {"missing"}), std::runtime_error);
 
   workers::StoredArtifact a =
-      workers::StoreOutputs((base / "home").string(), "k", "{}", (base / "run-1").string(), rels);
+      workers::StoreOutputs((base / "home").string(), "{}", (base / "run-1").string(), rels);
   EXPECT_EQ(a.digest, digest);
   EXPECT_EQ(a.bytes, 5 + 3 + 2);
   EXPECT_TRUE(workers::VerifyArtifact(a.path, a.digest));

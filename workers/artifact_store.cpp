@@ -6,7 +6,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <stdexcept>
 
@@ -17,12 +16,6 @@ namespace fs = std::filesystem;
 namespace trnflow::workers {
 
 namespace {
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Moves a filled temporary directory into the store as the entry of `a.digest`.
 void PlaceEntry(const fs::path& tmp, StoredArtifact& a, const std::string& home,
@@ -64,7 +57,7 @@ std::string OutputsDigest(const std::string& root, const std::vector<std::string
   std::map<std::string, std::string> files;  // relative path -> sha256, in path order
   fs::path base(root);
   auto add = [&](const fs::path& p) {
-    files[fs::relative(p, base).generic_string()] = Sha256Hex(ReadFile(p));
+    files[fs::relative(p, base).generic_string()] = Sha256FileHex(p.string());
   };
   for (const auto& rel : rels) {
     fs::path p = base / rel;
@@ -83,26 +76,28 @@ std::string OutputsDigest(const std::string& root, const std::vector<std::string
   return Sha256Hex(text);
 }
 
-StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_key,
-                            const std::string& cache_inputs, const std::string& root,
-                            const std::vector<std::string>& rels) {
+StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_inputs,
+                            const std::string& root, const std::vector<std::string>& rels) {
   StoredArtifact a;
-  a.digest = OutputsDigest(root, rels);
   fs::path tmp = NewTemp(home, &a);
-  fs::create_directories(tmp / "outputs");
-  for (const auto& rel : rels) {
-    fs::path to = tmp / "outputs" / rel;
-    fs::create_directories(to.parent_path());
-    fs::copy(fs::path(root) / rel, to, fs::copy_options::recursive);
+  try {
+    fs::create_directories(tmp / "outputs");
+    for (const auto& rel : rels) {
+      fs::path from = fs::path(root) / rel, to = tmp / "outputs" / rel;
+      if (!fs::exists(from))
+        throw std::runtime_error("declared output ${{ run.dir }}/" + rel + " was not written");
+      fs::create_directories(to.parent_path());
+      fs::copy(from, to, fs::copy_options::recursive);
+    }
+    // The digest is of the copies: what is stored is what was hashed.
+    a.digest = OutputsDigest((tmp / "outputs").string(), {"."});
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
   for (const auto& e : fs::recursive_directory_iterator(tmp / "outputs"))
     if (e.is_regular_file()) a.bytes += static_cast<int64_t>(e.file_size());
-  // The copies must be what was hashed: a file rewritten meanwhile is not stored under it.
-  if (OutputsDigest((tmp / "outputs").string(), {"."}) != a.digest) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw std::runtime_error("outputs changed while they were stored for key " + cache_key);
-  }
   PlaceEntry(tmp, a, home, cache_inputs);
   return a;
 }
@@ -145,7 +140,7 @@ bool VerifyArtifact(const std::string& path, const std::string& digest) {
   if (!fs::exists(dir / "done", ec)) return false;
   try {
     if (fs::exists(dir / "model.neff", ec))
-      return Sha256Hex(ReadFile(dir / "model.neff")) == digest;
+      return Sha256FileHex((dir / "model.neff").string()) == digest;
     if (fs::is_directory(dir / "outputs", ec))
       return OutputsDigest((dir / "outputs").string(), {"."}) == digest;
   } catch (const std::exception&) {

@@ -29,9 +29,8 @@ std::string OutputsDigest(const std::string& root, const std::vector<std::string
 
 // Stores copies of the files under `rels` (relative to `root`) as an entry's outputs/ tree;
 // the entry's digest is their OutputsDigest.
-StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_key,
-                            const std::string& cache_inputs, const std::string& root,
-                            const std::vector<std::string>& rels);
+StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_inputs,
+                            const std::string& root, const std::vector<std::string>& rels);
 
 // Copies a verified entry's outputs/ tree into `root`, replacing what is there.
 void RestoreOutputs(const std::string& path, const std::string& root);

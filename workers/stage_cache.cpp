@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -30,10 +28,10 @@ nlohmann::json NamedFiles(const CommandSpec& cmd, const std::string& workdir) {
         fs::path p = fs::path(c).is_absolute() ? fs::path(c) : fs::path(workdir) / c;
         std::error_code ec;
         if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > kMaxBytes) continue;
-        std::ifstream in(p, std::ios::binary);
-        std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (in.bad()) continue;
-        files[c] = Sha256Hex(bytes);
+        try {
+          files[c] = Sha256FileHex(p.string());
+        } catch (const std::runtime_error&) {  // unreadable: not a file the command reads
+        }
       }
     }
   }

@@ -421,9 +421,8 @@ struct Worker::Impl {
   // ready; a builder that died is taken over; an entry that fails verification is never
   // served but rebuilt; with poison_failures, a user error is remembered for the key and
   // returned at once, unless the run retries failed compilations.
-  ExecResult RunSingleFlight(const ExecContext& ctx, const schema::ClaimedStage& c,
-                             const CacheWork& w) {
-    schema::Catalog cat(opt.database_url);
+  ExecResult RunSingleFlight(schema::Catalog& cat, const ExecContext& ctx,
+                             const schema::ClaimedStage& c, const CacheWork& w) {
     std::string corrupt;
     bool announced_wait = false;
     while (true) {
@@ -510,7 +509,8 @@ struct Worker::Impl {
       }
       return std::make_pair(er, a);
     };
-    return RunSingleFlight(ctx, c, w);
+    schema::Catalog cat(opt.database_url);
+    return RunSingleFlight(cat, ctx, c, w);
   }
 
   // Any other stage with cache: true: keyed when it runs, over its kind, parameters and the
@@ -518,12 +518,10 @@ struct Worker::Impl {
   // restores them into this run's directory; a simulated stage stores its result.
   ExecResult RunCachedStage(const ExecContext& ctx, const schema::ClaimedStage& c) {
     CacheWork w;
-    {
-      schema::Catalog cat(opt.database_url);
-      w.inputs = StageCacheInputs(c.spec, cat.StageInputDigests(c.stage_id), ctx.workdir, c.run_id);
-      w.key = Sha256Hex(w.inputs);
-      cat.RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
-    }
+    schema::Catalog cat(opt.database_url);  // one session for the key and the single flight
+    w.inputs = StageCacheInputs(c.spec, cat.StageInputDigests(c.stage_id), ctx.workdir, c.run_id);
+    w.key = Sha256Hex(w.inputs);
+    cat.RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
     w.what = "outputs";
     std::vector<std::string> outputs = c.spec.command.outputs.value_or(std::vector<std::string>{});
     w.build = [&] {
@@ -531,7 +529,7 @@ struct Worker::Impl {
       StoredArtifact a;
       if (er.outcome != Outcome::kSucceeded) return std::make_pair(er, a);
       if (c.spec.kind == StageKind::kRun) {
-        a = StoreOutputs(opt.home, w.key, w.inputs, ctx.run_dir, outputs);
+        a = StoreOutputs(opt.home, w.inputs, ctx.run_dir, outputs);
       } else {
         // A simulated stage's product is its result; stored so later runs are served it.
         std::string dir = opt.home + "/tmp/result-" + std::to_string(c.stage_id) + "-" +
@@ -539,7 +537,7 @@ struct Worker::Impl {
         std::filesystem::create_directories(dir);
         std::ofstream(dir + "/result.json")
             << nlohmann::json{{"key", w.key}, {"message", er.message}}.dump() << "\n";
-        a = StoreOutputs(opt.home, w.key, w.inputs, dir, {"result.json"});
+        a = StoreOutputs(opt.home, w.inputs, dir, {"result.json"});
         std::filesystem::remove_all(dir);
       }
       return std::make_pair(er, a);
@@ -549,7 +547,7 @@ struct Worker::Impl {
         RestoreOutputs(a.path, ctx.run_dir);
         r.message += " (restored into the run's directory)";
       };
-    return RunSingleFlight(ctx, c, w);
+    return RunSingleFlight(cat, ctx, c, w);
   }
 
   schema::AttemptResult ToResult(const schema::ClaimedStage& c, const ExecResult& er,
