@@ -958,7 +958,7 @@ bool Catalog::AcquireArtifact(const std::string& key, int64_t stage_id, int atte
 std::optional<ArtifactRow> Catalog::GetArtifact(const std::string& key) {
   return impl_->Guard([&]() -> std::optional<ArtifactRow> {
     pqxx::work tx(impl_->C());
-    auto r = impl_->Exec(tx, "GetArtifact", key);
+    auto r = impl_->Exec(tx, "ListArtifacts", key);
     if (r.empty()) return std::nullopt;
     return ReadArtifact(r[0]);
   });
@@ -998,7 +998,8 @@ std::vector<ArtifactRow> Catalog::ListArtifacts() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<ArtifactRow> out;
-    for (const auto& row : impl_->Exec(tx, "ListArtifacts")) out.push_back(ReadArtifact(row));
+    for (const auto& row : impl_->Exec(tx, "ListArtifacts", nullptr))
+      out.push_back(ReadArtifact(row));
     return out;
   });
 }
@@ -1131,6 +1132,15 @@ std::string Catalog::QueryValue(const std::string& sql) {
     tx.commit();
     if (r.empty() || r[0][0].is_null()) return std::string();
     return r[0][0].as<std::string>();
+  });
+}
+
+void Catalog::RebuildSpendRollup() {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "ClearSpendRollup");
+    impl_->Exec(tx, "FillSpendRollup");
+    tx.commit();
   });
 }
 

@@ -16,16 +16,6 @@ WHERE (a.state = 'building' AND NOT EXISTS (
    OR (a.state = 'ready' AND a.digest = $6)
 RETURNING a.id;
 
--- name: GetArtifact
-SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
-       coalesce(failure, ''), hits, manifest::text,
-       coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
-       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-       coalesce(builder_stage, 0),
-       coalesce((SELECT round(cost_usd * 1000000)::bigint FROM trnflow.attempts
-                 WHERE id = producer_attempt), 0)
-FROM trnflow.artifacts WHERE cache_key = $1;
-
 -- name: FinishArtifact
 -- The builder's result: ready with its digest, or failed (poisoned: a deterministic compiler
 -- error, served to every later run until a key change or --retry-failed-compilation).
@@ -48,6 +38,7 @@ UPDATE trnflow.artifacts SET hits = hits + 1, last_used_at = now()
 WHERE cache_key = $1 AND state = 'ready';
 
 -- name: ListArtifacts
+-- One entry ($1) or all ($1 NULL), most recently used first.
 SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path, ''),
        coalesce(failure, ''), hits, manifest::text,
        coalesce(to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ''),
@@ -56,6 +47,7 @@ SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path
        coalesce((SELECT round(cost_usd * 1000000)::bigint FROM trnflow.attempts
                  WHERE id = producer_attempt), 0)
 FROM trnflow.artifacts
+WHERE $1::text IS NULL OR cache_key = $1
 ORDER BY last_used_at DESC NULLS LAST, cache_key;
 
 -- name: DeleteArtifact
