@@ -1,8 +1,12 @@
 #pragma once
 // Small helpers the benchmark programs share.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,41 @@ using Clock = std::chrono::steady_clock;
 inline std::string AdminUrl() {
   const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
   return url && *url ? url : "postgresql://trnflow:trnflow@localhost:5432/postgres";
+}
+
+// `--name value` pairs from the command line.
+class Flags {
+ public:
+  Flags(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; i += 2) values_[argv[i]] = argv[i + 1];
+  }
+  std::string Text(const std::string& name, const std::string& fallback) const {
+    auto it = values_.find("--" + name);
+    return it == values_.end() ? fallback : it->second;
+  }
+  int64_t Int(const std::string& name, int64_t fallback) const {
+    auto it = values_.find("--" + name);
+    return it == values_.end() ? fallback : std::stoll(it->second);
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// When `run` finished (epoch seconds, database clock), polling every 5 ms; nullopt if it has
+// not finished within `limit`.
+inline std::optional<double> WaitForRunFinish(
+    schema::Catalog& c, int64_t run, std::chrono::minutes limit = std::chrono::minutes(15)) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string end = c.QueryValue(
+        "SELECT extract(epoch FROM finished_at)::text "
+        "FROM trnflow.runs WHERE id = " +
+        std::to_string(run));
+    if (!end.empty()) return std::stod(end);
+    usleep(5000);
+  }
+  return std::nullopt;
 }
 
 inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }

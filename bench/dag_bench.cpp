@@ -20,19 +20,11 @@ using namespace trnflow;
 using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
-  std::string shape = "fan";
-  int stages = 10000, workers = 2, capacity = 128;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--shape")
-      shape = v;
-    else if (k == "--stages")
-      stages = std::stoi(v);
-    else if (k == "--workers")
-      workers = std::stoi(v);
-    else if (k == "--capacity")
-      capacity = std::stoi(v);
-  }
+  Flags flags(argc, argv);
+  std::string shape = flags.Text("shape", "fan");
+  int stages = static_cast<int>(flags.Int("stages", 10000));
+  int workers = static_cast<int>(flags.Int("workers", 2));
+  int capacity = static_cast<int>(flags.Int("capacity", 128));
   std::string name = "trnflow_bench_dag_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   std::string file = "/tmp/trnflow-dag-" + std::to_string(getpid()) + ".yaml";
@@ -59,19 +51,12 @@ int main(int argc, char** argv) {
     opts.workdir = "/tmp";
     run = c.SubmitRun(*loaded.pipeline, opts);
     submit_s = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())")) - start;
-    std::string end;
-    auto deadline = Clock::now() + std::chrono::minutes(15);
-    while ((end = c.QueryValue("SELECT coalesce(extract(epoch FROM finished_at)::text, '') "
-                               "FROM trnflow.runs WHERE id = " +
-                               std::to_string(run)))
-               .empty()) {
-      if (Clock::now() > deadline) {
-        std::fprintf(stderr, "%s: the run did not finish in 15 minutes\n", argv[0]);
-        return 1;
-      }
-      usleep(5000);
+    auto end = WaitForRunFinish(c, run);
+    if (!end) {
+      std::fprintf(stderr, "dag_bench: the run did not finish in 15 minutes\n");
+      return 1;
     }
-    seconds = std::stod(end) - start;
+    seconds = *end - start;
     std::string state =
         c.QueryValue("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
     std::string done = c.QueryValue(

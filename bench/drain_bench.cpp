@@ -16,20 +16,11 @@ using namespace trnflow;
 using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
-  int64_t stages = 200000;
-  int workers = 1, capacity = 128, batch = 512;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    long v = std::atol(argv[i + 1]);
-    if (k == "--stages")
-      stages = v;
-    else if (k == "--workers")
-      workers = static_cast<int>(v);
-    else if (k == "--capacity")
-      capacity = static_cast<int>(v);
-    else if (k == "--batch")
-      batch = static_cast<int>(v);
-  }
+  Flags flags(argc, argv);
+  int64_t stages = flags.Int("stages", 200000);
+  int workers = static_cast<int>(flags.Int("workers", 1));
+  int capacity = static_cast<int>(flags.Int("capacity", 128));
+  int batch = static_cast<int>(flags.Int("batch", 512));
   std::string name = "trnflow_bench_drain_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   double seconds = 0;
@@ -49,19 +40,12 @@ int main(int argc, char** argv) {
                  static_cast<long long>(stages), workers, capacity);
     WorkerProcesses procs(url, workers, capacity, batch);  // forked before this connection
     schema::Catalog c(url);
-    std::string end;
-    auto deadline = Clock::now() + std::chrono::minutes(15);
-    while ((end = c.QueryValue("SELECT coalesce(extract(epoch FROM finished_at)::text, '') "
-                               "FROM trnflow.runs WHERE id = " +
-                               std::to_string(run)))
-               .empty()) {
-      if (Clock::now() > deadline) {
-        std::fprintf(stderr, "%s: the run did not finish in 15 minutes\n", argv[0]);
-        return 1;
-      }
-      usleep(5000);
+    auto end = WaitForRunFinish(c, run);
+    if (!end) {
+      std::fprintf(stderr, "drain_bench: the run did not finish in 15 minutes\n");
+      return 1;
     }
-    seconds = std::stod(end) - start;
+    seconds = *end - start;
     procs.Stop();
     std::string done = c.QueryValue(
         "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +

@@ -22,17 +22,10 @@ using namespace trnflow;
 using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
-  int stages = 1000, rate = 100, warmup = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    int v = std::atoi(argv[i + 1]);
-    if (k == "--stages")
-      stages = v;
-    else if (k == "--rate")
-      rate = v;
-    else if (k == "--warmup")
-      warmup = v;
-  }
+  Flags flags(argc, argv);
+  int stages = static_cast<int>(flags.Int("stages", 1000));
+  int rate = static_cast<int>(flags.Int("rate", 100));
+  int warmup = static_cast<int>(flags.Int("warmup", 50));
   std::string name = "trnflow_bench_pickup_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   std::vector<double> latencies;

@@ -50,9 +50,9 @@ int main(int argc, char** argv) {
         "'trn1', 'trn1.2xlarge', 1, CASE WHEN k % 2 = 0 THEN 'spot' ELSE 'on-demand' END, "
         "'succeeded', '{}'::jsonb, 1 FROM trnflow.runs r, generate_series(1, " +
         std::to_string(stages_per_run) + ") k RETURNING 1");
-    // Closed attempts, inserted closed; the rollup is then filled as migration 0003 fills it
-    // from an existing ledger (inserting skips the trigger that folds closing UPDATEs in, and
-    // is ten times faster to load; the report reads the same rollup either way).
+    // Closed attempts, inserted closed; the rollup is then rebuilt from the ledger (inserting
+    // skips the trigger that folds closing UPDATEs in, and is ten times faster to load; the
+    // report reads the same rollup either way).
     c.QueryValue(
         "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
         "instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour, "
@@ -62,18 +62,7 @@ int main(int argc, char** argv) {
         "date_trunc('month', now()) + (s.id % 20) * interval '1 day', "
         "date_trunc('month', now()) + (s.id % 20) * interval '1 day', 'succeeded', 3600, 3600, "
         "0.4, 0, 0, 0.9 FROM trnflow.stages s RETURNING 1");
-    c.QueryValue(R"(INSERT INTO trnflow.spend_rollup
-      SELECT ru.project, (n.started_at AT TIME ZONE 'UTC')::date, p.name, s.name, s.kind,
-             n.instance_type, n.market, count(*), sum(coalesce(n.billed_seconds, 0)),
-             sum(coalesce(n.cost_usd, 0)), sum(coalesce(n.wasted_usd, 0)),
-             sum(coalesce(n.saved_usd, 0)), sum(trnflow.on_demand_usd(n)),
-             sum(coalesce(n.baseline_usd, n.cost_usd, 0))
-      FROM trnflow.attempts n
-      JOIN trnflow.stages s ON s.id = n.stage_id
-      JOIN trnflow.runs ru ON ru.id = n.run_id
-      JOIN trnflow.pipelines p ON p.id = ru.pipeline_id
-      WHERE n.outcome IS NOT NULL
-      GROUP BY 1, 2, 3, 4, 5, 6, 7 RETURNING 1)");
+    c.RebuildSpendRollup();
     c.RunOutsideTransaction("VACUUM ANALYZE");
     load_s = Ms(Clock::now() - t0) / 1000;
     std::fprintf(out,

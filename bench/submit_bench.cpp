@@ -25,15 +25,9 @@ using namespace trnflow;
 using namespace trnflow::bench;
 
 int main(int argc, char** argv) {
-  std::string trnflow_bin = "build/trnflow";
-  int stages = 10000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--trnflow")
-      trnflow_bin = v;
-    else if (k == "--stages")
-      stages = std::stoi(v);
-  }
+  Flags flags(argc, argv);
+  std::string trnflow_bin = flags.Text("trnflow", "build/trnflow");
+  int stages = static_cast<int>(flags.Int("stages", 10000));
   std::string name = "trnflow_bench_submit_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   std::string file = "/tmp/trnflow-submit-" + std::to_string(getpid()) + ".yaml";

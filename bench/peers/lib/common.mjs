@@ -34,6 +34,19 @@ export async function pgModule() {
 }
 
 // --name value / --name=value / --flag
+// Drops a peer's schema, so its next install starts from nothing.
+export async function dropSchema(url, schema) {
+  const pg = await pgModule();
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await c.query('SET client_min_messages = warning');
+    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  } finally {
+    await c.end();
+  }
+}
+
 export function parseArgs(argv, defaults = {}) {
   const out = { ...defaults };
   for (let i = 0; i < argv.length; i++) {

@@ -3,7 +3,7 @@
 // Schema: graphile_worker (dropped and re-created by reset()).
 // A completed job is DELETEd from graphile_worker._private_jobs, so "all done" means
 // that table is empty.
-import { peerImport, peerVersion, pgModule, log } from './common.mjs';
+import { dropSchema, peerImport, peerVersion, log } from './common.mjs';
 
 const SCHEMA = 'graphile_worker';
 const TASK = 'noop';
@@ -76,15 +76,7 @@ const peer = {
   // Drop the schema and install it afresh (migrations are not part of any timing).
   async reset(url) {
     const { runMigrations, Logger } = await lib();
-    const pg = await pgModule();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await c.query('SET client_min_messages = warning');
-      await c.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-    } finally {
-      await c.end();
-    }
+    await dropSchema(url, SCHEMA);
     await runMigrations({ connectionString: url, logger: makeLogger(Logger), preset: { worker: { schema: SCHEMA } } });
   },
 

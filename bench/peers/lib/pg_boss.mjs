@@ -3,7 +3,7 @@
 // Schema: pgboss (dropped and re-created by reset()). A completed job stays in
 // pgboss.job with state 'completed' (until retention/maintenance removes it), so "all
 // done" means no row of the queue is in a state before 'completed'.
-import { peerImport, peerVersion, pgModule } from './common.mjs';
+import { dropSchema, peerImport, peerVersion } from './common.mjs';
 
 const SCHEMA = 'pgboss';
 const QUEUE = 'noop';
@@ -87,15 +87,7 @@ const peer = {
   // Drop the schema, install it afresh and create the queue (not part of any timing).
   // mode decides the queue options (notify for pickup).
   async reset(url, mode = 'drain') {
-    const pg = await pgModule();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await c.query('SET client_min_messages = warning');
-      await c.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-    } finally {
-      await c.end();
-    }
+    await dropSchema(url, SCHEMA);
     const s = mode === 'pickup' ? pickupSettings() : drainSettings();
     const boss = await startBoss(url, { supervise: false });
     await boss.createQueue(QUEUE, { notify: mode === 'pickup', partition: s.partition });
