@@ -1,4 +1,5 @@
-// trnflow cache ls / show / rm / verify / gc / why: the compiled-artifact cache.
+// trnflow cache ls / show / rm / verify / gc / why: the artifact cache (compiled graphs and
+// stages with cache: true).
 #include <algorithm>
 #include <chrono>
 #include <ctime>

@@ -159,7 +159,8 @@ int main(int argc, char** argv) {
   auto* sched_rm = schedule->add_subcommand("rm", "remove a schedule");
   sched_rm->add_option("NAME", sched_name, "schedule")->required();
 
-  auto* cache = app.add_subcommand("cache", "the compiled-artifact (NEFF) cache");
+  auto* cache = app.add_subcommand(
+      "cache", "the artifact cache: compiled graphs (NEFFs) and stages with cache: true");
   cache->require_subcommand(1);
   std::string cache_key, gc_max_bytes, gc_older_than, why_run, why_stage;
   auto* cache_ls = cache->add_subcommand("ls", "entries: key, model, shapes, target, bytes, hits");
