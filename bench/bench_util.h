@@ -12,6 +12,8 @@
 
 #include "schema/catalog.h"
 
+#include "common/env.h"
+
 namespace trnflow::bench {
 
 using Clock = std::chrono::steady_clock;
@@ -19,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 // The server the benchmarks create their databases on (the local one of ops/setup.sh).
 inline std::string AdminUrl() {
   const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
-  return url && *url ? url : "postgresql://trnflow:trnflow@localhost:5432/postgres";
+  return url && *url ? url : AdminDatabaseUrl();
 }
 
 // `--name value` pairs from the command line.

@@ -48,8 +48,9 @@ std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
   return std::move(result.pipeline);
 }
 
-std::unique_ptr<schema::Catalog> OpenCatalog() {
-  auto catalog = std::make_unique<schema::Catalog>(DatabaseUrl());
+std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login) {
+  auto catalog = std::make_unique<schema::Catalog>(login == CatalogLogin::kAdmin ? AdminDatabaseUrl()
+                                                                                 : DatabaseUrl());
   catalog->RequireCurrentSchema();
   return catalog;
 }

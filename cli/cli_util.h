@@ -43,7 +43,10 @@ std::map<std::string, std::string> ParseParams(const std::vector<std::string>& k
 std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
                                                 const pipelines::LoadOptions& options);
 // Opens the catalog at TRNFLOW_DATABASE_URL and checks its schema version.
-std::unique_ptr<schema::Catalog> OpenCatalog();
+// Which login a command uses: the daemons' (or the person's own), or the schema owner's for
+// administration (`db migrate`, `project`).
+enum class CatalogLogin { kDefault, kAdmin };
+std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login = CatalogLogin::kDefault);
 // "42" -> 42; throws UserError otherwise.
 int64_t ParseRunId(const std::string& text);
 

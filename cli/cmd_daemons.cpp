@@ -20,7 +20,7 @@ void WaitForSignal() {
 }  // namespace
 
 int CmdDbMigrate() {
-  schema::Catalog catalog(DatabaseUrl());
+  schema::Catalog catalog(AdminDatabaseUrl());
   auto report = catalog.Migrate(sim::Catalog::Builtin());
   std::cout << "catalog " << RedactUrl(catalog.url()) << ": schema version " << report.from_version
             << " -> " << report.to_version;

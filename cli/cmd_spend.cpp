@@ -147,9 +147,12 @@ int CmdBudgetList(const std::string& format) {
   return kExitOk;
 }
 
-int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members) {
-  auto catalog = OpenCatalog();
+int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
+                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages) {
+  auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::string role = catalog->AddProject(name, members);
+  if (max_stages_per_run || max_queued_stages)
+    catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages);
   std::cout << "project " << name << ": group role " << role;
   if (!members.empty()) {
     std::cout << ", members";
@@ -159,8 +162,16 @@ int CmdProjectAdd(const std::string& name, const std::vector<std::string>& membe
   return kExitOk;
 }
 
+int CmdProjectGrant(const std::string& project, const std::string& role, bool write) {
+  auto catalog = OpenCatalog(CatalogLogin::kAdmin);
+  std::string group = catalog->GrantProject(project, role, write);
+  std::cout << role << " may now " << (write ? "read and write" : "read") << " project " << project
+            << " (through group role " << group << ")\n";
+  return kExitOk;
+}
+
 int CmdProjectList() {
-  auto catalog = OpenCatalog();
+  auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::vector<std::vector<std::string>> rows;
   for (const auto& p : catalog->ListProjects()) {
     std::string members;

@@ -1,6 +1,7 @@
 #pragma once
 // One function per subcommand; each returns the process exit code (INTERFACES.md) and may
 // throw UserError (exit 2) or CatalogUnavailable (exit 3), which main() reports.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,9 @@ int CmdScheduler();
 int CmdSpend(const SpendArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
 int CmdBudgetList(const std::string& format);
-int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members);
+int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
+                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages);
+int CmdProjectGrant(const std::string& project, const std::string& role, bool write);
 int CmdProjectList();
 
 int CmdScheduleAdd(const ScheduleArgs& args);

@@ -1,6 +1,8 @@
 // trnflow: the command line. Parses arguments and hands each subcommand to its function;
 // maps errors to the exit codes of INTERFACES.md.
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -12,13 +14,28 @@ using namespace trnflow::cli;
 
 namespace {
 
+// A number that is finite and within [lo, hi] (CLI::Range lets NaN through: it compares false).
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+          return "must be a finite number from " + CLI::detail::to_string(lo) + " to " +
+                 CLI::detail::to_string(hi) + ", not '" + text + "'";
+        return "";
+      },
+      "NUMBER in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]");
+}
+
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
   cmd->add_option("FILE", a.file, "pipeline YAML file")->required();
   cmd->add_option("--project", a.project, "project to charge (overrides the file's project:)");
   cmd->add_option("--param", a.params, "override a parameter: --param key=value (repeatable)");
   if (execution) {
     cmd->add_option("--speed", a.speed,
-                    "simulated seconds per wall second (default 7200: two hours a second)");
+                    "simulated seconds per wall second (default 7200: two hours a second)")
+        ->check(FiniteRange(1e-3, 1e9));
     cmd->add_option("--seed", a.seed, "seed of the simulated spot market (default 7)");
     cmd->add_flag("--retry-failed-compilation", a.retry_failed_compilation,
                   "compile again graphs whose compilation failed before (instead of failing fast)");
@@ -132,9 +149,27 @@ int main(int argc, char** argv) {
   std::string project_name;
   std::vector<std::string> project_members;
   auto* project_add = project->add_subcommand(
-      "add", "create a project and its read-only group role trnflow_project_NAME");
+      "add", "create a project, its group roles (read, write) and members (as the schema owner)");
   project_add->add_option("NAME", project_name, "project name")->required();
-  project_add->add_option("--member", project_members, "a login role to add (repeatable)");
+  project_add->add_option("--member", project_members,
+                          "a login role that may read, submit, cancel, retry and resume "
+                          "(repeatable)");
+  std::optional<int> max_stages_per_run, max_queued_stages;
+  project_add->add_option("--max-stages-per-run", max_stages_per_run,
+                          "quota: stages in one run (default 250000)")
+      ->check(CLI::Range(1, 100000000));
+  project_add->add_option("--max-queued-stages", max_queued_stages,
+                          "quota: unfinished stages over the project's runs (default 1000000)")
+      ->check(CLI::Range(1, 1000000000));
+  std::string grant_role;
+  bool grant_read = false, grant_write = false;
+  auto* project_grant = project->add_subcommand(
+      "grant", "give a login role read (--read) or read and write (--write) access to a project");
+  project_grant->add_option("PROJECT", project_name, "project name")->required();
+  project_grant->add_option("ROLE", grant_role, "an existing PostgreSQL login role")->required();
+  auto* read_flag = project_grant->add_flag("--read", grant_read, "see the project's runs and spend");
+  auto* write_flag = project_grant->add_flag("--write", grant_write, "also submit, cancel, retry, resume");
+  read_flag->excludes(write_flag);
   auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
   auto* schedule = app.add_subcommand("schedule", "cron schedules (nightly precompilation)");
   schedule->require_subcommand(1);
@@ -225,7 +260,12 @@ int main(int argc, char** argv) {
     if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage);
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
-    if (project_add->parsed()) return CmdProjectAdd(project_name, project_members);
+    if (project_add->parsed())
+      return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages);
+    if (project_grant->parsed()) {
+      if (!grant_read && !grant_write) throw UserError("say --read or --write");
+      return CmdProjectGrant(project_name, grant_role, grant_write);
+    }
     if (project_ls->parsed()) return CmdProjectList();
     if (worker->parsed()) return CmdWorker(worker_pools, lease_s);
     if (sched->parsed()) return CmdScheduler();
@@ -235,6 +275,9 @@ int main(int argc, char** argv) {
   } catch (const CatalogUnavailable& e) {
     std::cerr << "trnflow: error: " << e.what() << "\n";
     return kExitNoCatalog;
+  } catch (const PermissionDenied& e) {
+    std::cerr << "trnflow: " << e.what() << "\n";
+    return kExitPermissionDenied;
   } catch (const std::exception& e) {
     std::cerr << "trnflow: internal error: " << e.what() << "\n";
     return kExitRunFailed;

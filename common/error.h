@@ -6,7 +6,13 @@
 
 namespace trnflow {
 
-enum ExitCode : int { kExitOk = 0, kExitRunFailed = 1, kExitBadInput = 2, kExitNoCatalog = 3 };
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitRunFailed = 1,
+  kExitBadInput = 2,
+  kExitNoCatalog = 3,
+  kExitPermissionDenied = 4
+};
 
 // The catalog cannot be reached (or cannot be used by this binary). what() is one line that
 // names the URL with its password hidden and says how to fix it.
@@ -17,6 +23,13 @@ class CatalogUnavailable : public std::runtime_error {
 
 // Bad input from a person: an unknown run id, a malformed flag. what() says how to fix it.
 class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The catalog refused: this login may not do that (not a member with write access, a role
+// without the grant). what() says what was refused and who can grant it.
+class PermissionDenied : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

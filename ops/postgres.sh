@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # ops/postgres.sh start: make sure the local PostgreSQL 15 cluster exists and runs (with or
-# without systemd), and that the trnflow role (password trnflow, may create databases for
-# tests) and database exist. Idempotent.
+# without systemd), and that the schema owner role `trnflow` (may create databases and roles,
+# for tests and `trnflow project`) and the `trnflow` database exist. The owner's password is
+# generated here and kept in /etc/trnflow/owner.url, readable by root only.
+# ops/postgres.sh daemon-login: after `trnflow db migrate`, let the catalog's daemon role log
+# in with a generated password, kept in /etc/trnflow/daemon.url (root only).
+# Idempotent; passwords already generated are kept.
 set -euo pipefail
 ver=15
 cluster=main
@@ -24,12 +28,52 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 
-psql_admin() { su postgres -c "psql -v ON_ERROR_STOP=1 -qAt -p $port $*"; }
-if [ "$(psql_admin "-c \"SELECT 1 FROM pg_roles WHERE rolname = 'trnflow'\"")" != 1 ]; then
-  echo "== creating role trnflow"
-  psql_admin "-c \"CREATE ROLE trnflow LOGIN PASSWORD 'trnflow' CREATEDB CREATEROLE\""
-fi
-if [ "$(psql_admin "-c \"SELECT 1 FROM pg_database WHERE datname = 'trnflow'\"")" != 1 ]; then
-  echo "== creating database trnflow"
-  psql_admin "-c \"CREATE DATABASE trnflow OWNER trnflow\""
-fi
+conf=${TRNFLOW_CONFIG_DIR:-/etc/trnflow}
+psql_admin() { su postgres -c "psql -v ON_ERROR_STOP=1 -qAt -p $port -d ${DB:-postgres}" ; }
+secret() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+# Writes a URL file readable by root only; the password never appears on a command line.
+write_url() {  # file user password
+  install -d -m 0755 "$conf"
+  (umask 077 && printf 'postgresql://%s:%s@localhost:%s/trnflow\n' "$2" "$3" "$port" >"$conf/$1.tmp")
+  mv "$conf/$1.tmp" "$conf/$1"
+}
+# Sets a role's password from stdin's SQL, so no password shows in `ps`.
+set_password() {  # role password [options]
+  printf "ALTER ROLE %s %s PASSWORD '%s';\n" "$1" "${3:-LOGIN}" "$2" | psql_admin >/dev/null
+}
+
+case "${1:-start}" in
+start)
+  if [ "$(echo "SELECT 1 FROM pg_roles WHERE rolname = 'trnflow'" | psql_admin)" != 1 ]; then
+    echo "== creating role trnflow (schema owner)"
+    echo "CREATE ROLE trnflow LOGIN CREATEDB CREATEROLE" | psql_admin >/dev/null
+  fi
+  # A password from before (the old fixed one included) is replaced by a generated one.
+  if [ ! -s "$conf/owner.url" ]; then
+    echo "== generating the schema owner's password ($conf/owner.url)"
+    pw=$(secret)
+    set_password trnflow "$pw" "LOGIN CREATEDB CREATEROLE"
+    write_url owner.url trnflow "$pw"
+  fi
+  if [ "$(echo "SELECT 1 FROM pg_database WHERE datname = 'trnflow'" | psql_admin)" != 1 ]; then
+    echo "== creating database trnflow"
+    echo "CREATE DATABASE trnflow OWNER trnflow" | psql_admin >/dev/null
+  fi
+  # Nobody but the owner creates objects in the catalog's database.
+  echo "REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON DATABASE trnflow FROM PUBLIC;
+        GRANT CONNECT ON DATABASE trnflow TO PUBLIC" | DB=trnflow psql_admin >/dev/null
+  ;;
+daemon-login)
+  role=$(echo "SELECT trnflow.daemon_role()" | DB=trnflow psql_admin)
+  if [ ! -s "$conf/daemon.url" ] || ! grep -q "://$role:" "$conf/daemon.url"; then
+    echo "== generating the daemons' password ($conf/daemon.url, role $role)"
+    pw=$(secret)
+    set_password "$role" "$pw"
+    write_url daemon.url "$role" "$pw"
+  fi
+  ;;
+*)
+  echo "usage: ops/postgres.sh [start|daemon-login]" >&2
+  exit 2
+  ;;
+esac

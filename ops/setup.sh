@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up on Debian 12, as root: installs every dependency from Debian's packages,
-# builds into build/, makes sure a local PostgreSQL 15 runs, creates the trnflow role and
-# database, and applies migrations. Safe to run again at any time.
+# builds into build/, makes sure a local PostgreSQL 15 runs, creates the schema owner and the
+# catalog database with generated passwords (/etc/trnflow, root only), applies migrations and
+# lets the daemons' least-privilege role log in. Safe to run again at any time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,3 +37,4 @@ ops/postgres.sh start
 
 echo "== applying migrations"
 build/trnflow db migrate
+ops/postgres.sh daemon-login

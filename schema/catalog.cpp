@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
@@ -19,9 +20,6 @@
 
 namespace trnflow::schema {
 namespace {
-
-constexpr long kMigrationLockKey = 0x74726e01;  // "trn" + 1
-constexpr long kLeaderLockKey = 0x74726e02;
 
 class Receiver final : public pqxx::notification_receiver {
  public:
@@ -70,6 +68,19 @@ std::string NumberArray(const std::vector<T>& v) {
   return out + "}";
 }
 
+// The server's message without libpq's "ERROR:" prefix and the statement that failed.
+std::string ServerMessage(const pqxx::sql_error& e) {
+  std::string what = e.what();
+  if (what.rfind("ERROR:", 0) == 0) what = what.substr(6);
+  while (!what.empty() && what.front() == ' ') what.erase(0, 1);
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  auto context = what.find("\nCONTEXT:");
+  if (context != std::string::npos) what.erase(context);
+  auto hint = what.find("\nHINT:");
+  if (hint != std::string::npos) what.replace(hint, 7, "\nhint:");
+  return what;
+}
+
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -100,24 +111,33 @@ struct Catalog::Impl {
   std::unique_ptr<Receiver> cancel_receiver;
   int notifications = 0;
   int cancel_notifications = 0;
-  bool leader = false;
+  // Leadership is an EXCLUSIVE lock on trnflow.leader_lock held by an open transaction on a
+  // connection of its own (locking it needs UPDATE on it, which only the daemon has).
+  std::unique_ptr<pqxx::connection> leader_conn;
+  std::unique_ptr<pqxx::work> leader_tx;
+
+  std::unique_ptr<pqxx::connection> Open() {
+    auto c = std::make_unique<pqxx::connection>(url);
+    // Operators (and tests) can tell trnflow processes apart in pg_stat_activity. JIT off:
+    // once the catalog holds a million rows, estimated costs cross jit_above_cost and every
+    // short statement would pay ~10 ms of LLVM compilation (claim_bench measured it).
+    pqxx::nontransaction nt(*c);
+    nt.exec("SET application_name = 'trnflow:" + std::to_string(getpid()) + "'; SET jit = off");
+    return c;
+  }
 
   void Connect() {
     receiver.reset();
     cancel_receiver.reset();
     prepared.clear();
-    leader = false;
+    leader_tx.reset();
+    leader_conn.reset();
     try {
-      conn = std::make_unique<pqxx::connection>(url);
-      // Operators (and tests) can tell trnflow processes apart in pg_stat_activity. JIT off:
-      // once the catalog holds a million rows, estimated costs cross jit_above_cost and every
-      // short statement would pay ~10 ms of LLVM compilation (claim_bench measured it).
-      pqxx::nontransaction nt(*conn);
-      nt.exec("SET application_name = 'trnflow:" + std::to_string(getpid()) + "'; SET jit = off");
+      conn = Open();
     } catch (const std::exception& e) {
       std::string why = e.what();
       while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-      why = std::regex_replace(why, std::regex("\n"), " ");
+      why = RedactSecrets(std::regex_replace(why, std::regex("\n"), " "), url);
       throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(url) + ": " + why +
                                ". Is PostgreSQL running (ops/setup.sh starts it)? Set "
                                "TRNFLOW_DATABASE_URL to point elsewhere.");
@@ -151,15 +171,21 @@ struct Catalog::Impl {
     } catch (const pqxx::broken_connection& e) {
       conn.reset();
       throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
-                               e.what());
+                               RedactSecrets(e.what(), url));
     } catch (const pqxx::sql_error& e) {
       const std::string& state = e.sqlstate();
       // 08: connection exception; 57P: operator intervention (server shutting down).
       if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || !conn || !conn->is_open()) {
         conn.reset();
         throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
-                                 e.what());
+                                 RedactSecrets(e.what(), url));
       }
+      // Refusals and bad input the catalog names itself: the message (and hint) is the
+      // user's answer; the SQL behind it is not.
+      if (state == "42501") throw PermissionDenied(ServerMessage(e));
+      if (state.rfind("TF", 0) == 0 || state == "22023" || state == "42704" || state == "42710" ||
+          state == "23514")
+        throw UserError(ServerMessage(e));
       throw;
     }
   }
@@ -181,17 +207,12 @@ struct Catalog::Impl {
   // Pipeline (stored once per text), run, stages and dependencies, within `tx`.
   int64_t Submit(pqxx::work& tx, const pipelines::Pipeline& p, const SubmitOptions& o) {
     std::string project = o.project.empty() ? p.project : o.project;
-    Exec(tx, "EnsureProject", project);
-    int64_t pipeline_id =
-        Exec(tx, "InsertPipeline", p.name, p.spec_hash, p.source)[0][0].as<int64_t>();
     nlohmann::json params(p.params);
-    int64_t run_id = Exec(tx, "InsertRun", pipeline_id, project, params.dump(), o.speed, o.seed,
-                          p.spot_rate_multiplier, p.budget ? p.budget->ToDecimal() : std::string(),
-                          o.workdir, o.retry_failed_compilation)[0][0]
-                         .as<int64_t>();
     std::vector<std::string> names, kinds, pools, types, markets, specs;
-    std::vector<int> counts, pending;
+    std::vector<int> counts, pending, dep_from, dep_to;
+    std::unordered_map<std::string, int> position;
     for (const auto& s : p.stages) {
+      position[s.spec.name] = static_cast<int>(names.size()) + 1;
       names.push_back(s.spec.name);
       kinds.emplace_back(ToString(s.spec.kind));
       pools.push_back(s.pool);
@@ -201,20 +222,19 @@ struct Catalog::Impl {
       pending.push_back(static_cast<int>(s.needs.size()));
       specs.push_back(ToJson(s.spec));
     }
-    pqxx::result ids = Exec(tx, "InsertStages", run_id, TextArray(names), TextArray(kinds),
-                            TextArray(pools), TextArray(types), NumberArray(counts),
-                            TextArray(markets), NumberArray(pending), TextArray(specs));
-    std::unordered_map<std::string, int64_t> id_of;
-    for (const auto& row : ids) id_of[row[1].as<std::string>()] = row[0].as<int64_t>();
-    std::vector<int64_t> from, to;
     for (const auto& s : p.stages)
       for (const auto& n : s.needs) {
-        from.push_back(id_of.at(s.spec.name));
-        to.push_back(id_of.at(n));
+        dep_from.push_back(position.at(s.spec.name));
+        dep_to.push_back(position.at(n));
       }
-    if (!from.empty()) Exec(tx, "InsertStageDeps", NumberArray(from), NumberArray(to));
-    Exec(tx, "NotifyReadyPools", run_id);
-    return run_id;
+    return Exec(tx, "SubmitRun", project, p.name, p.spec_hash, p.source, params.dump(), o.speed,
+                o.seed, p.spot_rate_multiplier,
+                p.budget ? std::optional<std::string>(p.budget->ToDecimal()) : std::nullopt,
+                o.workdir, o.retry_failed_compilation, TextArray(names), TextArray(kinds),
+                TextArray(pools), TextArray(types), NumberArray(counts), TextArray(markets),
+                NumberArray(pending), TextArray(specs), NumberArray(dep_from), NumberArray(dep_to))
+        [0][0]
+            .as<int64_t>();
   }
 
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
@@ -323,29 +343,27 @@ MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
   return impl_->Guard([&] {
     MigrateReport report;
     pqxx::connection& c = impl_->C();
-    {
-      pqxx::nontransaction nt(c);
-      nt.exec("SELECT pg_advisory_lock(" + std::to_string(kMigrationLockKey) + ")");
-    }
-    struct Unlock {
-      pqxx::connection& c;
-      ~Unlock() {
-        try {
-          pqxx::nontransaction nt(c);
-          nt.exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrationLockKey) + ")");
-        } catch (...) {  // the lock dies with the session anyway
-        }
+    // Migrations run one at a time under an EXCLUSIVE lock on trnflow.migration_lock, held by
+    // a transaction on a second connection. Only the schema owner may lock it (members cannot,
+    // as they could take an advisory lock). Two first-time migrators may race to create it.
+    for (int tries = 0;; ++tries) {
+      try {
+        pqxx::work tx(c);
+        tx.exec(
+            "CREATE SCHEMA IF NOT EXISTS trnflow;"
+            "CREATE TABLE IF NOT EXISTS trnflow.migration_lock ();"
+            "CREATE TABLE IF NOT EXISTS trnflow.schema_migrations ("
+            "  version int PRIMARY KEY, name text NOT NULL,"
+            "  applied_at timestamptz NOT NULL DEFAULT now())");
+        tx.commit();
+        break;
+      } catch (const pqxx::unique_violation&) {
+        if (tries >= 3) throw;
       }
-    } unlock{c};
-    {
-      pqxx::work tx(c);
-      tx.exec(
-          "CREATE SCHEMA IF NOT EXISTS trnflow;"
-          "CREATE TABLE IF NOT EXISTS trnflow.schema_migrations ("
-          "  version int PRIMARY KEY, name text NOT NULL,"
-          "  applied_at timestamptz NOT NULL DEFAULT now())");
-      tx.commit();
     }
+    auto lock_conn = impl_->Open();
+    pqxx::work lock(*lock_conn);
+    lock.exec("LOCK TABLE trnflow.migration_lock IN EXCLUSIVE MODE");
     {
       pqxx::work tx(c);
       report.from_version =
@@ -459,8 +477,33 @@ std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int
       c.spot_rate_multiplier = row[12].as<double>();
       c.workdir = row[13].as<std::string>();
       c.retry_failed_compilation = row[14].as<bool>();
+      c.project = row[15].as<std::string>();
+      c.budgeted = row[16].as<bool>();
       out.push_back(std::move(c));
     }
+    return out;
+  });
+}
+
+std::vector<BudgetReservation> Catalog::ReserveBudgets(
+    const std::vector<ClaimedStage>& claims, const std::vector<std::optional<Money>>& expected) {
+  if (claims.empty()) return {};
+  return impl_->Guard([&] {
+    std::vector<int64_t> ids;
+    std::vector<int> attempts;
+    std::string amounts = "{";
+    for (size_t i = 0; i < claims.size(); ++i) {
+      ids.push_back(claims[i].stage_id);
+      attempts.push_back(claims[i].attempt);
+      amounts += (i ? "," : "") + (expected[i] ? expected[i]->ToDecimal() : std::string("NULL"));
+    }
+    amounts += "}";
+    pqxx::work tx(impl_->C());
+    pqxx::result r =
+        impl_->Exec(tx, "ReserveBudgets", NumberArray(ids), NumberArray(attempts), amounts);
+    tx.commit();
+    std::vector<BudgetReservation> out;
+    for (const auto& row : r) out.push_back({row[0].as<int64_t>(), MoneyOf(row[1]), MoneyOf(row[2])});
     return out;
   });
 }
@@ -491,17 +534,34 @@ std::vector<LeaseKey> Catalog::CompleteAttempts(const std::vector<AttemptResult>
 }
 
 bool Catalog::TryAcquireLeadership() {
-  return impl_->Guard([&] {
-    pqxx::nontransaction nt(impl_->C());
-    if (impl_->leader) {
-      nt.exec("SELECT 1");  // the lock lives as long as this session
+  Impl& m = *impl_;
+  try {
+    if (m.leader_tx) {
+      m.leader_tx->exec("SELECT 1");  // the lock lives as long as this transaction
       return true;
     }
-    impl_->leader =
-        nt.exec("SELECT pg_try_advisory_lock(" + std::to_string(kLeaderLockKey) + ")")[0][0]
-            .as<bool>();
-    return impl_->leader;
-  });
+    if (!m.leader_conn) m.leader_conn = m.Open();
+    auto tx = std::make_unique<pqxx::work>(*m.leader_conn);
+    try {
+      tx->exec("LOCK TABLE trnflow.leader_lock IN EXCLUSIVE MODE NOWAIT");
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() != "55P03") throw;  // lock_not_available: another scheduler leads
+      return false;
+    }
+    m.leader_tx = std::move(tx);
+    return true;
+  } catch (const pqxx::sql_error& e) {
+    m.leader_tx.reset();
+    m.leader_conn.reset();
+    if (e.sqlstate() == "42501") throw PermissionDenied(ServerMessage(e));
+    throw CatalogUnavailable("lost the leader's connection to the catalog at " + RedactUrl(m.url) +
+                             ": " + RedactSecrets(e.what(), m.url));
+  } catch (const pqxx::broken_connection& e) {
+    m.leader_tx.reset();
+    m.leader_conn.reset();
+    throw CatalogUnavailable("lost the leader's connection to the catalog at " + RedactUrl(m.url) +
+                             ": " + RedactSecrets(e.what(), m.url));
+  }
 }
 
 int Catalog::PromoteRetries() {
@@ -699,26 +759,14 @@ CancelReport Catalog::CancelRun(int64_t run_id, const std::string& reason) {
     pqxx::work tx(impl_->C());
     pqxx::row r = impl_->Exec(tx, "CancelRun", run_id, reason)[0];
     tx.commit();
-    return CancelReport{r[0].as<int>() > 0, r[1].as<int>(), r[3].as<int>()};
+    return CancelReport{r[0].as<int>() > 0, r[1].as<int>(), r[2].as<int>()};
   });
 }
 
 int Catalog::ResumeRun(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    auto run = tx.exec_params("SELECT state FROM trnflow.runs WHERE id = $1 FOR UPDATE", run_id);
-    if (run.empty()) throw UserError("no run " + std::to_string(run_id));
-    std::string state = run[0][0].as<std::string>();
-    if (state != "failed" && state != "cancelled")
-      throw UserError(
-          "run " + std::to_string(run_id) + " is " + state +
-          "; only a failed or cancelled run can be resumed" +
-          (state == "succeeded" ? " (use `trnflow retry RUN STAGE` to redo a stage)" : ""));
-    std::vector<int64_t> ids;
-    for (const auto& row : impl_->Exec(tx, "StagesToReset", run_id, std::string()))
-      ids.push_back(row[0].as<int64_t>());
-    if (ids.empty()) throw UserError("run " + std::to_string(run_id) + " has nothing to resume");
-    int n = impl_->Exec(tx, "ResetStages", NumberArray(ids), false)[0][0].as<int>();
+    int n = impl_->Exec(tx, "ResetStages", run_id, std::optional<std::string>())[0][0].as<int>();
     tx.commit();
     return n;
   });
@@ -727,20 +775,8 @@ int Catalog::ResumeRun(int64_t run_id) {
 int Catalog::RetryStage(int64_t run_id, const std::string& stage) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    if (tx.exec_params("SELECT 1 FROM trnflow.runs WHERE id = $1 FOR UPDATE", run_id).empty())
-      throw UserError("no run " + std::to_string(run_id));
-    std::vector<int64_t> ids;
-    for (const auto& row : impl_->Exec(tx, "StagesToReset", run_id, stage)) {
-      if (row[2].as<std::string>() == "running")
-        throw UserError("stage '" + row[1].as<std::string>() + "' of run " +
-                        std::to_string(run_id) +
-                        " is running; wait for it or `trnflow cancel` the run first");
-      ids.push_back(row[0].as<int64_t>());
-    }
-    if (ids.empty())
-      throw UserError("run " + std::to_string(run_id) + " has no stage '" + stage +
-                      "'; `trnflow show " + std::to_string(run_id) + "` lists them");
-    int n = impl_->Exec(tx, "ResetStages", NumberArray(ids), true)[0][0].as<int>();
+    int n = impl_->Exec(tx, "ResetStages", run_id, std::optional<std::string>(stage))[0][0]
+                .as<int>();
     tx.commit();
     return n;
   });
@@ -884,24 +920,28 @@ std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
 std::string Catalog::AddProject(const std::string& name, const std::vector<std::string>& members) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::string role;
-    try {
-      role = impl_->Exec(tx, "AddProject", name, TextArray(members))[0][0].as<std::string>();
-    } catch (const pqxx::sql_error& e) {
-      if (e.sqlstate() == "22023" || e.sqlstate() == "42704") {
-        std::string what = e.what();
-        what = what.substr(what.find(':') == std::string::npos ? 0 : what.find(':') + 2);
-        while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
-        throw UserError(what);
-      }
-      if (e.sqlstate() == "42501")
-        throw UserError(
-            "the catalog role may not create roles: give it CREATEROLE "
-            "(ALTER ROLE trnflow CREATEROLE)");
-      throw;
-    }
+    std::string role = impl_->Exec(tx, "AddProject", name, TextArray(members))[0][0].as<std::string>();
     tx.commit();
     return role;
+  });
+}
+
+std::string Catalog::GrantProject(const std::string& project, const std::string& role,
+                                  bool write) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::string group = impl_->Exec(tx, "GrantProject", project, role, write)[0][0].as<std::string>();
+    tx.commit();
+    return group;
+  });
+}
+
+void Catalog::SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
+                               std::optional<int> max_queued_stages) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "SetProjectQuotas", project, max_stages_per_run, max_queued_stages);
+    tx.commit();
   });
 }
 
@@ -1181,6 +1221,53 @@ void DropDatabase(const std::string& admin_url, const std::string& name) {
     // FORCE may not end a superuser's session, such as an autovacuum worker busy in the
     // database after a benchmark; a plain DROP cancels autovacuum and waits for the rest.
     pqxx::nontransaction(c).exec("DROP DATABASE IF EXISTS " + db);
+  }
+}
+
+std::string RandomSecret() {
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  random.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  if (!random) throw std::runtime_error("cannot read /dev/urandom");
+  std::string out;
+  char hex[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(hex, sizeof hex, "%02x", b);
+    out += hex;
+  }
+  return out;
+}
+
+std::string WithLogin(const std::string& url, const std::string& user,
+                      const std::string& password) {
+  static const std::regex uri(R"(^(postgres(?:ql)?://)(?:[^@/]*@)?(.*)$)");
+  std::smatch m;
+  if (std::regex_match(url, m, uri)) return m[1].str() + user + ":" + password + "@" + m[2].str();
+  return url + " user=" + user + " password=" + password;
+}
+
+std::string EnableDaemonLogin(const std::string& owner_url) {
+  pqxx::connection c(owner_url);
+  pqxx::nontransaction nt(c);
+  std::string role = nt.exec("SELECT trnflow.daemon_role()")[0][0].as<std::string>();
+  std::string password = RandomSecret();
+  nt.exec("ALTER ROLE " + nt.quote_name(role) + " LOGIN PASSWORD " + nt.quote(password));
+  return WithLogin(owner_url, role, password);
+}
+
+void DropCatalogRoles(const std::string& admin_url, const std::string& name) {
+  pqxx::connection c(admin_url);
+  pqxx::nontransaction nt(c);
+  pqxx::result roles = nt.exec_params(
+      "SELECT r.rolname FROM pg_roles r JOIN pg_shdescription d ON d.objoid = r.oid "
+      "AND d.classoid = 'pg_authid'::regclass "
+      "WHERE d.description LIKE 'trnflow catalog % (' || $1 || '): %' ORDER BY r.rolname DESC",
+      name);
+  for (const auto& row : roles) {
+    try {
+      nt.exec("DROP ROLE IF EXISTS " + nt.quote_name(row[0].as<std::string>()));
+    } catch (const pqxx::sql_error&) {  // still granted somewhere else: leave it
+    }
   }
 }
 

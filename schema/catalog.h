@@ -9,6 +9,7 @@
 // values (std::nullopt, empty vectors, false), never exceptions.
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +53,20 @@ struct ClaimedStage {
   double spot_rate_multiplier = 1;
   std::string workdir;
   bool retry_failed_compilation = false;
+  std::string project;
+  bool budgeted = false;  // its run or project has a budget: reserve a cap before running
+  // Set by the worker from its reservation: the cap in simulated seconds, and whether it must
+  // wait because other attempts hold what is left.
+  double spend_cap_s = std::numeric_limits<double>::infinity();
+  bool budget_wait = false;
+};
+
+// A freshly claimed attempt's reservation: it may spend at most `cap`; `held` is what other
+// open attempts of its run or project have reserved meanwhile.
+struct BudgetReservation {
+  int64_t stage_id = 0;
+  Money cap;
+  Money held;
 };
 
 // The end of one attempt, as its worker (or the rescuer) saw it.
@@ -269,6 +284,11 @@ class Catalog {
                                              int64_t only_run = 0);
   // Renews the leases of `stage_ids` (the stages this worker runs) and returns those it still
   // holds; an in-flight stage missing here was taken over.
+  // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
+  // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
+  // limits are left out of the answer.
+  std::vector<BudgetReservation> ReserveBudgets(const std::vector<ClaimedStage>& claims,
+                                                const std::vector<std::optional<Money>>& expected);
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
                                         const std::vector<int64_t>& stage_ids);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,
@@ -334,6 +354,12 @@ class Catalog {
   // grants it to each member login role. Returns the group role. UserError for a bad name or
   // a member role that does not exist.
   std::string AddProject(const std::string& name, const std::vector<std::string>& members);
+  // Gives `role` read (or read and write) access to `project`; returns the group role granted.
+  // Schema owner only. Throws UserError for an unknown or privileged role.
+  std::string GrantProject(const std::string& project, const std::string& role, bool write);
+  // Sets the project's quotas; unset ones keep their value.
+  void SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
+                        std::optional<int> max_queued_stages);
   std::vector<ProjectRow> ListProjects();
 
   // --- compiled-artifact cache ---------------------------------------------------------------
@@ -390,5 +416,15 @@ class Catalog {
 // returns a URL for it. Dropping likewise. For tests and `trnflow db` tooling.
 std::string CreateDatabase(const std::string& admin_url, const std::string& name);
 void DropDatabase(const std::string& admin_url, const std::string& name);
+// Lets the catalog's daemon role (made by `db migrate`) log in with a new random password and
+// returns its URL (the owner's URL with the daemon's user and password). Schema owner only.
+std::string EnableDaemonLogin(const std::string& owner_url);
+// Drops the roles `db migrate` and `project` made for the catalog in database `name` (found by
+// their comments); call after dropping the database.
+void DropCatalogRoles(const std::string& admin_url, const std::string& name);
+// A URL with its user and password replaced.
+std::string WithLogin(const std::string& url, const std::string& user, const std::string& password);
+// 32 random hex digits from the kernel, for generated passwords.
+std::string RandomSecret();
 
 }  // namespace trnflow::schema

@@ -4,31 +4,39 @@
 
 #include <cstdlib>
 
+#include "common/env.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 
 namespace trnflow::testing {
 namespace {
-std::string g_url;
+std::string g_url, g_owner_url;
 }
 
 std::string AdminUrl() {
   const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
-  return url && *url ? url : "postgresql://trnflow:trnflow@localhost:5432/postgres";
+  return url && *url ? url : AdminDatabaseUrl();
 }
 
 const std::string& TestDatabase::url() { return g_url; }
+const std::string& TestDatabase::owner_url() { return g_owner_url; }
 
 void TestDatabase::SetUp() {
   name_ = prefix_ + "_" + std::to_string(getpid());
-  g_url = schema::CreateDatabase(AdminUrl(), name_);
+  g_owner_url = schema::CreateDatabase(AdminUrl(), name_);
+  {
+    schema::Catalog catalog(g_owner_url);
+    catalog.Migrate(sim::Catalog::Builtin());
+  }
+  g_url = schema::EnableDaemonLogin(g_owner_url);
   setenv("TRNFLOW_DATABASE_URL", g_url.c_str(), 1);
-  schema::Catalog catalog(g_url);
-  catalog.Migrate(sim::Catalog::Builtin());
+  setenv("TRNFLOW_ADMIN_DATABASE_URL", g_owner_url.c_str(), 1);
 }
 
 void TestDatabase::TearDown() {
-  if (!std::getenv("TRNFLOW_TEST_KEEP_DB")) schema::DropDatabase(AdminUrl(), name_);
+  if (std::getenv("TRNFLOW_TEST_KEEP_DB")) return;
+  schema::DropDatabase(AdminUrl(), name_);
+  schema::DropCatalogRoles(AdminUrl(), name_);
 }
 
 }  // namespace trnflow::testing

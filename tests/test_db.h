@@ -13,14 +13,20 @@ class TestDatabase : public ::testing::Environment {
   explicit TestDatabase(std::string prefix) : prefix_(std::move(prefix)) {}
   void SetUp() override;
   void TearDown() override;
-  // URL of this binary's database; also exported as TRNFLOW_DATABASE_URL.
+  // URL of this binary's database as the daemons log in (least privilege); also exported as
+  // TRNFLOW_DATABASE_URL.
   static const std::string& url();
+  // The same database as its schema owner (migrations, projects, roles, direct fixes to rows);
+  // also exported as TRNFLOW_ADMIN_DATABASE_URL.
+  static const std::string& owner_url();
 
  private:
   std::string prefix_;
   std::string name_;
 };
 
+// A role that may create databases and roles on the test server: TRNFLOW_TEST_ADMIN_URL, else
+// the schema owner ops/setup.sh made (/etc/trnflow/owner.url).
 std::string AdminUrl();
 
 // Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held.

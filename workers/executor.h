@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "common/money.h"
@@ -35,6 +36,9 @@ struct ExecContext {
   std::string log_path;                    // captured output of this attempt
   std::string checkpoint_dir;              // TRNFLOW_CHECKPOINT_DIR
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
+  // The attempt's spend cap in simulated seconds (its budget reservation over its price): at
+  // this point the executor ends it with outcome budget_exceeded. Infinite: no budget.
+  double spend_cap_s = std::numeric_limits<double>::infinity();
   // When the stage was claimed: its simulated time (and bill) runs from here, as the ledger's
   // started_at does, including any wait for a free slot in the pool's arena.
   std::chrono::steady_clock::time_point claimed_at = std::chrono::steady_clock::now();

@@ -80,7 +80,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   }
   double timeout_at =
       ctx.spec.timeout_s > 0 ? ctx.spec.timeout_s : std::numeric_limits<double>::infinity();
-  double end = std::min({end_of_stage, interrupt_at, timeout_at});
+  double end = std::min({end_of_stage, interrupt_at, timeout_at, ctx.spend_cap_s});
 
   sim::Metrics metrics = sim::StageMetrics(w, *type, ctx.instance_count);
   auto report = [&](double at) {
@@ -155,7 +155,12 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   }
   finish_partial(elapsed);
   char buf[200];
-  if (end == interrupt_at) {
+  if (end == ctx.spend_cap_s) {
+    r.outcome = Outcome::kBudgetExceeded;
+    std::snprintf(buf, sizeof buf,
+                  "stopped at its spend cap after %.2f simulated hours: the budget is spent",
+                  elapsed / 3600);
+  } else if (end == interrupt_at) {
     r.outcome = Outcome::kSpotInterruption;
     std::snprintf(buf, sizeof buf,
                   "spot interruption after %.2f simulated hours; progress %.1f%% -> %.1f%% "

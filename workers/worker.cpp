@@ -193,7 +193,14 @@ struct Worker::Impl {
                   c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s, opt.only_run);
             }))
           return;
-        for (auto& c : claimed) Launch(*pool, std::move(c));
+        ReserveBudgets(cat, claimed);
+        for (auto& c : claimed) {
+          if (c.budget_wait) {
+            HandBack(c, "waiting: other running attempts hold what is left of the budget");
+            continue;
+          }
+          Launch(*pool, std::move(c));
+        }
         if (!claimed.empty() && pool->used.load() < pool->config.capacity) more = true;
       }
       if (more) continue;
@@ -206,6 +213,77 @@ struct Worker::Impl {
       }
       wake_claim = false;
     }
+  }
+
+  // What an attempt is expected to cost, when the engine can tell: a simulated stage's
+  // remaining work at its price (the simulator is deterministic); a command's timeout bounds
+  // it. Unknown otherwise: the attempt then reserves all it may spend.
+  static std::optional<Money> ExpectedCost(const schema::ClaimedStage& c) {
+    double seconds = -1;
+    if (c.spec.kind != StageKind::kRun && !c.spec.workload_json.empty()) {
+      if (const auto* t = sim::Catalog::Builtin().FindInstance(c.spec.instance)) {
+        try {
+          sim::Estimate e = sim::EstimateStage(sim::WorkloadFromJson(c.spec.workload_json), *t,
+                                               c.instance_count, c.attempt == 1);
+          seconds = e.setup_seconds + (1 - c.progress) * std::max(1.0, e.work_seconds);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    if (seconds < 0 && c.spec.timeout_s > 0) seconds = c.spec.timeout_s;
+    if (seconds < 0) return std::nullopt;
+    return Charge(c.price_per_hour, c.instance_count, seconds);
+  }
+
+  // Caps the spend of budgeted claims: each gets what is left of its run's and project's
+  // budgets after other open attempts' reservations. An attempt whose cap does not cover one
+  // billing minute waits (handed back) while others hold the rest; when nobody does, the budget
+  // is spent and it ends at once as budget_exceeded, with nothing billed.
+  void ReserveBudgets(std::unique_ptr<schema::Catalog>& cat,
+                      std::vector<schema::ClaimedStage>& claimed) {
+    std::vector<schema::ClaimedStage> budgeted;
+    std::vector<std::optional<Money>> expected;
+    for (const auto& c : claimed)
+      if (c.budgeted) {
+        budgeted.push_back(c);
+        expected.push_back(ExpectedCost(c));
+      }
+    if (budgeted.empty()) return;
+    std::vector<schema::BudgetReservation> caps;
+    WithCatalog(cat, "reserve budgets",
+                [&](schema::Catalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
+                /*give_up_on_stop=*/false);
+    for (const auto& r : caps)
+      for (auto& c : claimed) {
+        if (c.stage_id != r.stage_id) continue;
+        Money per_hour = Money::FromMicros(c.price_per_hour.micros() * c.instance_count);
+        double cap_s = per_hour.micros() > 0
+                           ? 3600.0 * static_cast<double>(r.cap.micros()) /
+                                 static_cast<double>(per_hour.micros())
+                           : std::numeric_limits<double>::infinity();
+        c.spend_cap_s = cap_s;
+        c.budget_wait = cap_s < 60 && r.held.micros() > 0;
+      }
+  }
+
+  // Gives a claimed stage back without running it: ready again after a short wait, the attempt
+  // closed as cancelled (no bill, not counted against any budget).
+  void HandBack(const schema::ClaimedStage& c, const std::string& why) {
+    schema::AttemptResult r;
+    r.stage_id = c.stage_id;
+    r.attempt = c.attempt;
+    r.lease_owner = id;
+    r.outcome = Outcome::kCancelled;
+    r.next_state = StageState::kRetryWait;
+    r.next_market = c.market;
+    r.retry_in_s = 1;
+    r.progress_to = c.progress;
+    r.message = why;
+    {
+      std::scoped_lock lock(mu);
+      results.push_back(std::move(r));
+    }
+    commit_cv.notify_one();
   }
 
   void ListenLoop() {
@@ -345,6 +423,7 @@ struct Worker::Impl {
     ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
     ctx.stop = &run->stop;
     ctx.claimed_at = run->claimed_at;
+    ctx.spend_cap_s = c.spend_cap_s;
     ctx.report_metrics = [run](const std::string& json) {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
@@ -352,7 +431,12 @@ struct Worker::Impl {
     };
     ExecResult er;
     try {
-      if (opt.noop_executor && opt.noop_executor(c.stage_id))
+      if (c.spend_cap_s < 60) {
+        er.outcome = Outcome::kBudgetExceeded;
+        er.ran_instance = false;
+        er.progress_to = c.progress;
+        er.message = "the budget is spent: nothing left to start this attempt with";
+      } else if (opt.noop_executor && opt.noop_executor(c.stage_id))
         er = ExecResult{};
       else if (c.spec.kind == StageKind::kCompile && !c.spec.cache_key.empty())
         er = RunCachedCompile(ctx, c);

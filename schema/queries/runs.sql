@@ -1,42 +1,12 @@
 -- name: EnsureProject
 INSERT INTO trnflow.projects (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
--- name: InsertPipeline
-WITH ins AS (
-  INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ($1, $2, $3)
-  ON CONFLICT (name, spec_hash) DO NOTHING RETURNING id)
-SELECT id FROM ins
-UNION ALL
-SELECT id FROM trnflow.pipelines WHERE name = $1 AND spec_hash = $2
-LIMIT 1;
-
--- name: InsertRun
-INSERT INTO trnflow.runs (pipeline_id, project, params, speed, seed, spot_rate_multiplier,
-                          budget_usd, workdir, retry_failed_compilation)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, NULLIF($7, '')::numeric, $8, $9)
-RETURNING id;
-
--- name: InsertStages
--- All stages of a run in one statement; needs are given by index into the same arrays.
-WITH input AS (
-  SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
-                       $8::int[], $9::jsonb[])
-    WITH ORDINALITY AS t(name, kind, pool, instance_type, instance_count, market, pending, spec, ord))
-INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, market,
-                            state, pending_needs, spec, ready_at)
-SELECT $1, name, kind, pool, instance_type, instance_count, market,
-       CASE WHEN pending = 0 THEN 'ready' ELSE 'blocked' END, pending, spec,
-       CASE WHEN pending = 0 THEN now() END
-FROM input ORDER BY ord
-RETURNING id, name;
-
--- name: InsertStageDeps
-INSERT INTO trnflow.stage_deps (stage_id, needs_id)
-SELECT * FROM unnest($1::bigint[], $2::bigint[]);
-
--- name: NotifyReadyPools
-SELECT pg_notify('trnflow_ready', pool)
-FROM (SELECT DISTINCT pool FROM trnflow.stages WHERE run_id = $1 AND state = 'ready') p;
+-- name: SubmitRun
+-- The pipeline, the run, its stages and their needs in one call that checks, in SQL, that
+-- this login may submit to the project and that the project's quotas allow it.
+SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $10, $11,
+                          $12::text[], $13::text[], $14::text[], $15::text[], $16::int[],
+                          $17::text[], $18::int[], $19::jsonb[], $20::int[], $21::int[]);
 
 -- name: ListRuns
 -- Runs newest first: $1 project, $2 state ('' = any), $3 at most, $4 one run (0 = any).
@@ -98,65 +68,15 @@ WHERE run_id = $1 AND kind = 'metrics'
 ORDER BY stage_id, id DESC;
 
 -- name: CancelRun
--- Stages not yet running end now; running ones are stopped by their workers, which learn of
--- it from the notify (and their next heartbeat) and close the attempt as cancelled.
-WITH run AS (
-  UPDATE trnflow.runs SET state = 'cancelled', finished_at = now(), cancel_reason = $2
-  WHERE id = $1 AND state = 'running'
-  RETURNING id),
-pending AS (
-  UPDATE trnflow.stages s SET state = 'cancelled', finished_at = now()
-  FROM run WHERE s.run_id = run.id AND s.state IN ('blocked', 'ready', 'retry_wait')
-  RETURNING s.id),
-notified AS (SELECT pg_notify('trnflow_cancel', id::text) FROM run)
-SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM pending),
-       (SELECT count(*) FROM notified),
-       (SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running');
+-- Checks, in SQL, that this login may cancel the run: (cancelled, stages ended, still running).
+SELECT cancelled, stages_cancelled, stages_running FROM trnflow.cancel_run($1, $2);
 
 -- name: CountRunningStages
 SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running';
 
--- name: StagesToReset
--- For retry: the named stage (or every expansion of a matrix stage) and everything
--- downstream. For resume ($2 = ''): the run's failed, cancelled and skipped stages.
-WITH RECURSIVE target AS (
-  SELECT id FROM trnflow.stages
-  WHERE run_id = $1 AND (($2 <> '' AND (name = $2 OR name LIKE $2 || '[%'))
-                         OR ($2 = '' AND state IN ('failed', 'cancelled', 'skipped')))),
-down AS (
-  SELECT id FROM target
-  UNION
-  SELECT d.stage_id FROM trnflow.stage_deps d JOIN down ON d.needs_id = down.id WHERE $2 <> '')
-SELECT s.id, s.name, s.state FROM trnflow.stages s JOIN down ON down.id = s.id ORDER BY s.id
-FOR UPDATE OF s;
-
 -- name: ResetStages
--- Back to the start with fresh budgets (errors, preemptions, the file's market); ready when
--- every need has succeeded outside the reset set, blocked otherwise. Attempt numbers go on.
-WITH reset AS (SELECT unnest($1::bigint[]) AS id),
-updated AS (
-  UPDATE trnflow.stages s
-  SET pending_needs = p.pending,
-      state = CASE WHEN p.pending = 0 THEN 'ready' ELSE 'blocked' END,
-      ready_at = CASE WHEN p.pending = 0 THEN now() END,
-      errors = 0, preemptions = 0, market = s.spec->>'market', finished_at = NULL,
-      progress = CASE WHEN $2 THEN 0 ELSE s.progress END
-  FROM (SELECT r.id, (SELECT count(*) FROM trnflow.stage_deps d
-                      JOIN trnflow.stages n ON n.id = d.needs_id
-                      WHERE d.stage_id = r.id
-                        AND (n.state NOT IN ('succeeded', 'cached')
-                             OR n.id IN (SELECT id FROM reset))) AS pending
-        FROM reset r) p
-  WHERE s.id = p.id
-  RETURNING s.run_id, s.pool, s.state),
-run AS (
-  UPDATE trnflow.runs SET state = 'running', finished_at = NULL
-  WHERE id IN (SELECT run_id FROM updated) AND state <> 'running'
-  RETURNING id),
-notified AS (
-  SELECT pg_notify('trnflow_ready', pool)
-  FROM (SELECT DISTINCT pool FROM updated WHERE state = 'ready') x)
-SELECT (SELECT count(*) FROM updated), (SELECT count(*) FROM notified), (SELECT count(*) FROM run);
+-- Resume ($2 NULL) or retry a stage, checked in SQL against this login's projects.
+SELECT trnflow.reset_stages($1, $2);
 
 -- name: ProjectBudgets
 -- Each budget with its project's spend in the current period: closed attempts from the
@@ -212,6 +132,15 @@ SET amount_usd = EXCLUDED.amount_usd, period = EXCLUDED.period, notified_percent
 
 -- name: AddProject
 SELECT trnflow.add_project($1, $2::text[]);
+
+-- name: GrantProject
+SELECT trnflow.grant_project($1, $2, $3);
+
+-- name: SetProjectQuotas
+UPDATE trnflow.projects
+SET max_stages_per_run = coalesce($2, max_stages_per_run),
+    max_queued_stages = coalesce($3, max_queued_stages)
+WHERE name = $1;
 
 -- name: ListProjects
 SELECT p.name, trnflow.project_role(p.name),

@@ -1,19 +1,40 @@
 -- name: ClaimReadyStages
 -- One statement claims as many ready stages of a pool as fit in the free capacity
--- ($2 instances): lock candidates in priority order skipping rows other workers hold, keep
--- the prefix whose instance counts fit, mark them running under this worker's lease, and
--- open an attempt row for each with the price in force now. $6: only this run (0: any).
-WITH locked AS (
-  SELECT id, instance_count, priority, ready_at
-  FROM trnflow.stages
-  WHERE state = 'ready' AND pool = $1 AND instance_count <= $2 AND ($6::bigint = 0 OR run_id = $6::bigint)
-  ORDER BY priority DESC, ready_at, id
-  LIMIT $2
-  FOR UPDATE SKIP LOCKED),
+-- ($2 instances), shared between projects: for each project with ready stages (found by
+-- skipping through the ready index), lock its first candidates in priority order skipping rows
+-- other workers hold; then take turns, one stage per project per round, keeping the prefix whose
+-- instance counts fit. One project's sweep of 20,000 stages cannot hold back another's single
+-- stage. Claimed stages run under this worker's lease with an attempt row opened at the price
+-- in force now. $6: only this run (0: any). `budgeted`: the run or its project has a budget,
+-- so the worker reserves a spend cap for the attempt before it runs.
+WITH RECURSIVE projects AS (
+  (SELECT project FROM trnflow.stages
+   WHERE state = 'ready' AND pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
+   ORDER BY project LIMIT 1)
+  UNION ALL
+  SELECT (SELECT s.project FROM trnflow.stages s
+          WHERE s.state = 'ready' AND s.pool = $1 AND s.project > p.project
+            AND ($6::bigint = 0 OR s.run_id = $6::bigint)
+          ORDER BY s.project LIMIT 1)
+  FROM projects p WHERE p.project IS NOT NULL),
+locked AS (
+  SELECT c.* FROM projects p CROSS JOIN LATERAL (
+    SELECT id, project, instance_count, priority, ready_at
+    FROM trnflow.stages
+    WHERE state = 'ready' AND pool = $1 AND project = p.project AND instance_count <= $2
+      AND ($6::bigint = 0 OR run_id = $6::bigint)
+    ORDER BY priority DESC, ready_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED) c
+  WHERE p.project IS NOT NULL),
+turns AS (
+  SELECT id, instance_count, priority, ready_at,
+         row_number() OVER (PARTITION BY project ORDER BY priority DESC, ready_at, id) AS turn
+  FROM locked),
 chosen AS (
   SELECT id FROM (
-    SELECT id, sum(instance_count) OVER (ORDER BY priority DESC, ready_at, id) AS used
-    FROM locked) x
+    SELECT id, sum(instance_count) OVER (ORDER BY turn, priority DESC, ready_at, id) AS used
+    FROM turns) x
   WHERE used <= $2),
 claimed AS (
   UPDATE trnflow.stages s
@@ -21,7 +42,7 @@ claimed AS (
       lease_expires_at = now() + make_interval(secs => $5)
   FROM chosen WHERE s.id = chosen.id
   RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
-            s.progress, s.errors, s.preemptions, s.spec),
+            s.progress, s.errors, s.preemptions, s.spec, s.project),
 opened AS (
   INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,
                                 instance_type, instance_count, market, price_usd_hour,
@@ -35,10 +56,19 @@ opened AS (
                 ORDER BY valid_from DESC LIMIT 1) pr ON true
   RETURNING stage_id, price_usd_hour)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
-       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,       r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation
+       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,
+       r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, c.project,
+       (r.budget_usd IS NOT NULL
+        OR EXISTS (SELECT 1 FROM trnflow.budgets b WHERE b.project = c.project)) AS budgeted
 FROM claimed c
 JOIN opened o ON o.stage_id = c.id
 JOIN trnflow.runs r ON r.id = c.run_id;
+
+-- name: ReserveBudgets
+-- Spend caps for freshly claimed attempts of budgeted runs and projects: (stage, cap, held by
+-- other open attempts). $3: each attempt's expected cost, NULL when unknown.
+SELECT stage_id, cap_usd::text, held_usd::text
+FROM trnflow.reserve_budgets($1::bigint[], $2::int[], $3::numeric[]);
 
 -- name: HeartbeatLeases
 -- Renews the leases of the stages this worker runs ($3) in one statement and says which it
@@ -174,11 +204,15 @@ notified AS (SELECT pg_notify('trnflow_ready', pool) FROM (SELECT DISTINCT pool 
 SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 
 -- name: ExpiredLeases
--- Running stages whose worker stopped renewing; locked so one rescuer handles each.
+-- Running stages whose worker stopped renewing; locked so one rescuer handles each. The
+-- simulated time they are billed for stops at the attempt's spend cap.
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
        (a.price_usd_hour * 1000000)::bigint,
-       extract(epoch FROM (now() - a.started_at)) * r.speed, s.market, r.speed
+       least(extract(epoch FROM (now() - a.started_at)) * r.speed,  -- never past its spend cap
+             coalesce((a.cap_usd * 3600 / nullif(a.price_usd_hour * a.instance_count, 0))::float8,
+                      'infinity')),
+       s.market, r.speed
 FROM trnflow.stages s
 JOIN trnflow.attempts a ON a.stage_id = s.id AND a.attempt = s.attempts
 JOIN trnflow.runs r ON r.id = s.run_id
