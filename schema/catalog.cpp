@@ -172,6 +172,8 @@ struct Catalog::Impl {
       conn.reset();
       throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
                                RedactSecrets(e.what(), url));
+    } catch (const pqxx::insufficient_privilege& e) {  // libpqxx 6 drops its sqlstate
+      throw PermissionDenied(ServerMessage(e));
     } catch (const pqxx::sql_error& e) {
       const std::string& state = e.sqlstate();
       // 08: connection exception; 57P: operator intervention (server shutting down).
@@ -311,6 +313,13 @@ struct Catalog::Impl {
         metrics.push_back(
             {run_of[r.stage_id], r.stage_id, "metrics", "neuron-monitor", r.metrics_json});
     if (!metrics.empty()) InsertEvents(tx, metrics);
+    // An attempt stopped at its spend cap spent what its budget had left: the run stops as
+    // the budget guard would stop it, at once rather than at the guard's next tick.
+    std::set<int64_t> over_budget;
+    for (const auto& r : results)
+      if (r.outcome == Outcome::kBudgetExceeded && run_of.count(r.stage_id))
+        over_budget.insert(run_of[r.stage_id]);
+    for (int64_t run : over_budget) Exec(tx, "CancelRun", run, std::string("budget_exceeded"));
     if (!succeeded.empty()) Exec(tx, "ReleaseDependents", NumberArray(succeeded));
     if (!failed.empty()) Exec(tx, "SkipDescendants", NumberArray(failed));
     if (!runs.empty()) {
@@ -550,10 +559,13 @@ bool Catalog::TryAcquireLeadership() {
     }
     m.leader_tx = std::move(tx);
     return true;
+  } catch (const pqxx::insufficient_privilege& e) {
+    m.leader_tx.reset();
+    m.leader_conn.reset();
+    throw PermissionDenied(ServerMessage(e));
   } catch (const pqxx::sql_error& e) {
     m.leader_tx.reset();
     m.leader_conn.reset();
-    if (e.sqlstate() == "42501") throw PermissionDenied(ServerMessage(e));
     throw CatalogUnavailable("lost the leader's connection to the catalog at " + RedactUrl(m.url) +
                              ": " + RedactSecrets(e.what(), m.url));
   } catch (const pqxx::broken_connection& e) {

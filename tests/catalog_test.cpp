@@ -63,7 +63,10 @@ std::string FanOut(int width) {
 }  // namespace
 
 TEST(Catalog, MigrateIsIdempotentAndLoadsPrices) {
-  schema::Catalog c(TestDatabase::url());
+  // Only the schema owner migrates; the daemons' login may not.
+  EXPECT_THROW(schema::Catalog(TestDatabase::url()).Migrate(sim::Catalog::Builtin()),
+               PermissionDenied);
+  schema::Catalog c(TestDatabase::owner_url());
   auto again = c.Migrate(sim::Catalog::Builtin());
   EXPECT_TRUE(again.applied.empty());
   EXPECT_EQ(again.to_version, schema::Catalog::BinarySchemaVersion());

@@ -169,12 +169,12 @@ std::unique_ptr<Daemon> Scheduler(int i) {
                                   std::vector<std::string>{"scheduler"});
 }
 
-// The scheduler process holding the leader lock, by the application_name its connections carry.
+// The scheduler process holding the leader lock (trnflow.leader_lock), by the application_name its connections carry.
 pid_t LeaderPid() {
   std::string app = Query(
       "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-      " WHERE l.locktype = 'advisory' AND l.granted AND l.objid = " +
-      std::to_string(0x74726e02) + " LIMIT 1");
+      " WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'ExclusiveLock'"
+      " AND l.relation = 'trnflow.leader_lock'::regclass LIMIT 1");
   return app.rfind("trnflow:", 0) == 0 ? std::stoi(app.substr(8)) : -1;
 }
 

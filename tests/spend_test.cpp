@@ -47,15 +47,16 @@ int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed 
   return run;
 }
 
-// A URL for the test database as another role.
-std::string UrlAs(const std::string& role, const std::string& password) {
-  std::string url = TestDatabase::url();  // postgresql://trnflow:trnflow@host:port/db
-  return "postgresql://" + role + ":" + password + "@" + url.substr(url.find('@') + 1);
-}
+std::string DatabaseName() { return TestDatabase::database_name(); }
 
-void EnsureLogin(schema::Catalog& c, const std::string& role) {
-  c.QueryValue("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role +
-               "') THEN CREATE ROLE " + role + " LOGIN PASSWORD 'pw'; END IF; END $$; SELECT 1");
+// A login role with a fresh random password, for this test database only (dropped with it);
+// returns its URL. No test role has a password anyone could guess.
+std::string NewLogin(schema::Catalog& admin, const std::string& role) {
+  std::string password = schema::RandomSecret();
+  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role +
+                   " LOGIN PASSWORD '" + password + "'; COMMENT ON ROLE " + role +
+                   " IS 'trnflow catalog test (" + DatabaseName() + "): member'; SELECT 1");
+  return schema::WithLogin(TestDatabase::url(), role, password);
 }
 
 }  // namespace
@@ -103,17 +104,22 @@ TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
 
 TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   schema::Catalog c(TestDatabase::url());
+  schema::Catalog admin(TestDatabase::owner_url());
   RunToEnd(c, MustParse(kSmall, "rls-alpha"));
   RunToEnd(c, MustParse(kSmall, "rls-beta"));
-  EnsureLogin(c, "trnflow_test_alice");
-  EnsureLogin(c, "trnflow_test_rita");
-  EXPECT_EQ(c.AddProject("rls-alpha", {"trnflow_test_alice"}), "trnflow_project_rls_alpha");
-  c.AddProject("rls-beta", {});
-  c.QueryValue("GRANT trnflow_reader TO trnflow_test_rita; SELECT 1");
-  EXPECT_THROW(c.AddProject("rls-gamma", {"trnflow_test_nobody"}), UserError);
-  EXPECT_THROW(c.AddProject("Bad_Name", {}), UserError);
+  std::string alice_url = NewLogin(admin, "trnflow_test_alice_" + DatabaseName());
+  std::string rita_url = NewLogin(admin, "trnflow_test_rita_" + DatabaseName());
+  // Roles are scoped to the catalog: the default one keeps trnflow_project_NAME.
+  EXPECT_EQ(admin.AddProject("rls-alpha", {"trnflow_test_alice_" + DatabaseName()}),
+            DatabaseName() + "_project_rls_alpha");
+  admin.AddProject("rls-beta", {});
+  admin.QueryValue("GRANT " + DatabaseName() + "_reader TO trnflow_test_rita_" + DatabaseName() +
+                   "; SELECT 1");
+  EXPECT_THROW(admin.AddProject("rls-gamma", {"trnflow_test_nobody"}), UserError);
+  EXPECT_THROW(admin.AddProject("Bad_Name", {}), UserError);
+  EXPECT_THROW(c.AddProject("rls-delta", {}), PermissionDenied) << "the daemon makes no roles";
 
-  schema::Catalog alice(UrlAs("trnflow_test_alice", "pw"));
+  schema::Catalog alice(alice_url);
   const std::vector<std::string> by_project = {
       "runs",         "spend_rollup",       "budgets",        "attempt_ledger", "stage_status",
       "run_status",   "spend_daily",        "spend_by_stage", "spend_by_run",   "spend_by_instance",
@@ -137,7 +143,7 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   EXPECT_ANY_THROW(alice.QueryValue("UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
   EXPECT_ANY_THROW(alice.QueryValue("DELETE FROM trnflow.attempts RETURNING 1"));
 
-  schema::Catalog rita(UrlAs("trnflow_test_rita", "pw"));
+  schema::Catalog rita(rita_url);
   EXPECT_EQ(rita.QueryValue("SELECT count(DISTINCT project) FROM trnflow.spend_by_stage "
                             "WHERE project IN ('rls-alpha', 'rls-beta')"),
             "2");
@@ -164,6 +170,13 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 30));
   ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 10));
+  // The guard announces 100% on its next tick, after the attempt stopped itself at its cap.
+  WaitFor(
+      [&] {
+        return c.QueryValue("SELECT count(*) FROM trnflow.events WHERE kind = 'budget' AND "
+                            "data->>'project' = 'thrifty' AND data->>'percent' = '100'") == "1";
+      },
+      10);
   auto r = c.GetRun(run);
   EXPECT_EQ(r->state, "cancelled");
   EXPECT_EQ(r->cancel_reason, "budget_exceeded");
@@ -178,6 +191,12 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   auto budgets = c.ProjectBudgets("thrifty");
   ASSERT_EQ(budgets.size(), 1u);
   EXPECT_GE(budgets[0].spent, Money::FromUsd(5));
+  // The attempt was capped: at most one billing minute over, whatever the speed.
+  Money minute = Charge(Money::FromMicros(std::stoll(c.QueryValue(
+                            "SELECT (price_usd_hour * 1000000)::bigint FROM trnflow.attempts "
+                            "WHERE run_id = " + std::to_string(run)))),
+                        1, 60);
+  EXPECT_LE(budgets[0].spent, Money::FromUsd(5) + minute);
 }
 
 }  // namespace trnflow

@@ -10,19 +10,24 @@
 
 namespace trnflow::testing {
 namespace {
-std::string g_url, g_owner_url;
+std::string g_url, g_owner_url, g_name;
 }
 
 std::string AdminUrl() {
-  const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
-  return url && *url ? url : AdminDatabaseUrl();
+  // Read once: SetUp then points TRNFLOW_ADMIN_DATABASE_URL at this binary's own database.
+  static const std::string admin = [] {
+    const char* url = std::getenv("TRNFLOW_TEST_ADMIN_URL");
+    return std::string(url && *url ? url : AdminDatabaseUrl());
+  }();
+  return admin;
 }
 
 const std::string& TestDatabase::url() { return g_url; }
 const std::string& TestDatabase::owner_url() { return g_owner_url; }
+const std::string& TestDatabase::database_name() { return g_name; }
 
 void TestDatabase::SetUp() {
-  name_ = prefix_ + "_" + std::to_string(getpid());
+  name_ = g_name = prefix_ + "_" + std::to_string(getpid());
   g_owner_url = schema::CreateDatabase(AdminUrl(), name_);
   {
     schema::Catalog catalog(g_owner_url);

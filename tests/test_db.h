@@ -19,6 +19,8 @@ class TestDatabase : public ::testing::Environment {
   // The same database as its schema owner (migrations, projects, roles, direct fixes to rows);
   // also exported as TRNFLOW_ADMIN_DATABASE_URL.
   static const std::string& owner_url();
+  // The database's name (its catalog's roles are named after it).
+  static const std::string& database_name();
 
  private:
   std::string prefix_;
