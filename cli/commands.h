@@ -6,6 +6,10 @@
 
 #include "cli/cli_util.h"
 
+namespace trnflow::workers {
+struct WorkerOptions;
+}
+
 namespace trnflow::cli {
 
 int CmdValidate(const std::vector<std::string>& files);
@@ -22,7 +26,10 @@ int CmdShow(const std::string& run, const std::string& stage, const std::string&
 int CmdLogs(const std::string& run, const std::string& stage);
 int CmdInstances(const std::string& format, bool sources);
 int CmdDbMigrate();
-int CmdWorker(const std::vector<std::string>& pools, double lease_s);
+int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
+// The sandbox switches and limits from the flags and the environment; throws UserError on a
+// malformed limit.
+void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& options);
 int CmdScheduler();
 
 int CmdSpend(const SpendArgs& args);

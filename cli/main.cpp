@@ -12,6 +12,14 @@ using namespace trnflow::cli;
 
 namespace {
 
+void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
+  cmd->add_flag("--no-sandbox", a.no_sandbox,
+                "run jobs as this process, unconfined (or TRNFLOW_SANDBOX=off); trusted jobs only");
+  cmd->add_option("--job-limits", a.job_limits,
+                  "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M "
+                  "(or TRNFLOW_JOB_LIMITS)");
+}
+
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
   cmd->add_option("FILE", a.file, "pipeline YAML file")->required();
   cmd->add_option("--project", a.project, "project to charge (overrides the file's project:)");
@@ -39,6 +47,7 @@ int main(int argc, char** argv) {
   AddRunOptions(run, run_args, true);
   run->add_option("--pool", run_args.pools, "pool capacity in instances: NAME=N (repeatable)");
   run->add_flag("--force", run_args.force, "override budget admission");
+  AddSandboxOptions(run, run_args.sandbox);
 
   auto* submit = app.add_subcommand("submit", "submit a pipeline for the daemons to execute");
   AddRunOptions(submit, submit_args, true);
@@ -186,6 +195,8 @@ int main(int argc, char** argv) {
   worker->add_option("--pool", worker_pools, "pool capacity in instances: NAME=N (repeatable)")
       ->required();
   worker->add_option("--lease", lease_s, "lease length in seconds (default 15)");
+  SandboxArgs worker_sandbox;
+  AddSandboxOptions(worker, worker_sandbox);
 
   auto* sched = app.add_subcommand("scheduler", "scheduler daemon (several may run; one leads)");
 
@@ -227,7 +238,7 @@ int main(int argc, char** argv) {
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
     if (project_add->parsed()) return CmdProjectAdd(project_name, project_members);
     if (project_ls->parsed()) return CmdProjectList();
-    if (worker->parsed()) return CmdWorker(worker_pools, lease_s);
+    if (worker->parsed()) return CmdWorker(worker_pools, lease_s, worker_sandbox);
     if (sched->parsed()) return CmdScheduler();
   } catch (const UserError& e) {
     std::cerr << "trnflow: error: " << e.what() << "\n";

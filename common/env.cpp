@@ -1,5 +1,7 @@
 #include "common/env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <regex>
 
@@ -14,6 +16,9 @@ std::string DatabaseUrl() {
 std::string HomeDir() {
   const char* home = std::getenv("TRNFLOW_HOME");
   if (home && *home) return home;
+  // Root is a worker serving tenants: a system directory, not /root, whose 0700 would keep
+  // every job's uid out of its own run dir.
+  if (::geteuid() == 0) return "/var/lib/trnflow";
   const char* user_home = std::getenv("HOME");
   return std::string(user_home && *user_home ? user_home : "/tmp") + "/.local/share/trnflow";
 }

@@ -6,7 +6,7 @@ namespace trnflow {
 
 // TRNFLOW_DATABASE_URL, or the local database that ops/setup.sh creates.
 std::string DatabaseUrl();
-// TRNFLOW_HOME, or ~/.local/share/trnflow.
+// TRNFLOW_HOME, or /var/lib/trnflow for root, or ~/.local/share/trnflow.
 std::string HomeDir();
 // The URL with any password replaced by "***", safe for logs and errors.
 std::string RedactUrl(const std::string& url);

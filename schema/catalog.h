@@ -52,6 +52,8 @@ struct ClaimedStage {
   double spot_rate_multiplier = 1;
   std::string workdir;
   bool retry_failed_compilation = false;
+  // The uid (and gid) the project's jobs run as; 0: not set, the worker's job_uid_base.
+  int64_t job_uid = 0;
 };
 
 // The end of one attempt, as its worker (or the rescuer) saw it.

@@ -5,10 +5,12 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "common/money.h"
 #include "common/stage_spec.h"
+#include "workers/sandbox.h"
 
 namespace trnflow::workers {
 
@@ -30,10 +32,15 @@ struct ExecContext {
   double speed = 1;     // simulated seconds per wall second
   uint64_t seed = 0;    // for this attempt's random draws
   double spot_rate_multiplier = 1;
-  std::string workdir;                     // where commands start
-  std::string run_dir;                     // ${{ run.dir }}
-  std::string log_path;                    // captured output of this attempt
-  std::string checkpoint_dir;              // TRNFLOW_CHECKPOINT_DIR
+  std::string workdir;         // where commands start
+  std::string run_dir;         // ${{ run.dir }}
+  std::string log_path;        // captured output of this attempt
+  std::string checkpoint_dir;  // TRNFLOW_CHECKPOINT_DIR
+  // Name -> value, resolved by the worker before the run: put in the job's environment and
+  // masked (***) in its captured log.
+  std::map<std::string, std::string> secrets;
+  JobIdentity identity;  // whom a command runs as (the project's uid when sandboxed)
+  JobLimits limits;      // rlimits and the captured-output cap of a command
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
   // When the stage was claimed: its simulated time (and bill) runs from here, as the ledger's
   // started_at does, including any wait for a free slot in the pool's arena.
