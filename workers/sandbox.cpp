@@ -76,7 +76,7 @@ std::string ChownTree(int dir, uid_t uid, gid_t gid, int depth) {
       error = ChownTree(sub.fd, uid, gid, depth + 1);
       if (!error.empty()) break;
     } else if (st.st_uid != uid || st.st_gid != gid) {
-      if (!S_ISDIR(st.st_mode) && st.st_nlink > 1) continue;
+      if (st.st_nlink > 1) continue;
       if (::fchownat(dir, e->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0 && errno != ENOENT) {
         error = Errno(std::string("chown ") + e->d_name);
         break;
@@ -122,7 +122,7 @@ std::string MakeJobDir(const std::string& path, const JobIdentity& id) {
 
 uint64_t ParseSize(const std::string& v, bool* ok) {
   *ok = false;
-  if (v.empty()) return 0;
+  if (v.empty() || v[0] < '0' || v[0] > '9') return 0;  // stoull would take "-1"
   size_t end = 0;
   uint64_t n = 0;
   try {

@@ -382,6 +382,7 @@ TEST(JobLimits, ParsesSizesAndNamesTheBadItem) {
   EXPECT_NE(ParseJobLimits("mem=1G", l).find("mem=1G"), std::string::npos);
   EXPECT_NE(ParseJobLimits("as=lots", l).find("as=lots"), std::string::npos);
   EXPECT_NE(ParseJobLimits("as=0", l), "");
+  EXPECT_NE(ParseJobLimits("nproc=-1", l), "");
 }
 
 TEST(OutputCapture, MasksAcrossEveryChunkBoundaryAndCaps) {
