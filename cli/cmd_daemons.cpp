@@ -1,5 +1,6 @@
 // trnflow db migrate / worker / scheduler.
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -30,8 +31,19 @@ int CmdDbMigrate() {
   return kExitOk;
 }
 
-int CmdWorker(const std::vector<std::string>& pool_args, double lease_s) {
+void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
+  o.sandbox = !args.no_sandbox && workers::SandboxRequestedByEnvironment();
+  if (const char* env = std::getenv("TRNFLOW_JOB_LIMITS"))
+    if (std::string e = workers::ParseJobLimits(env, o.job_limits); !e.empty())
+      throw UserError("TRNFLOW_JOB_LIMITS: " + e);
+  if (std::string e = workers::ParseJobLimits(args.job_limits, o.job_limits); !e.empty())
+    throw UserError("--job-limits: " + e);
+}
+
+int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
+              const SandboxArgs& sandbox) {
   workers::WorkerOptions o;
+  ApplySandboxArgs(sandbox, o);
   o.database_url = DatabaseUrl();
   o.home = HomeDir();
   o.lease_s = lease_s;

@@ -216,6 +216,7 @@ int CmdRun(const RunArgs& a) {
   wo.poll_s = 0.5;
   wo.shutdown_grace_s = 2;  // Ctrl-C should not keep a person waiting
   wo.only_run = run_id;     // this process runs its own pipeline, not the whole queue
+  ApplySandboxArgs(a.sandbox, wo);
   workers::Worker worker(wo);
   sched.Start();
   worker.Start();

@@ -148,11 +148,12 @@ int CmdBudgetList(const std::string& format) {
 }
 
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
-                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages) {
+                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
+                  std::optional<int64_t> job_uid) {
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::string role = catalog->AddProject(name, members);
-  if (max_stages_per_run || max_queued_stages)
-    catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages);
+  if (max_stages_per_run || max_queued_stages || job_uid)
+    catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages, job_uid);
   std::cout << "project " << name << ": group role " << role;
   if (!members.empty()) {
     std::cout << ", members";

@@ -7,6 +7,10 @@
 
 #include "cli/cli_util.h"
 
+namespace trnflow::workers {
+struct WorkerOptions;
+}
+
 namespace trnflow::cli {
 
 int CmdValidate(const std::vector<std::string>& files);
@@ -23,14 +27,18 @@ int CmdShow(const std::string& run, const std::string& stage, const std::string&
 int CmdLogs(const std::string& run, const std::string& stage);
 int CmdInstances(const std::string& format, bool sources);
 int CmdDbMigrate();
-int CmdWorker(const std::vector<std::string>& pools, double lease_s);
+int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
+// The sandbox switches and limits from the flags and the environment; throws UserError on a
+// malformed limit.
+void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& options);
 int CmdScheduler();
 
 int CmdSpend(const SpendArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
 int CmdBudgetList(const std::string& format);
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
-                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages);
+                  std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
+                  std::optional<int64_t> job_uid);
 int CmdProjectGrant(const std::string& project, const std::string& role, bool write);
 int CmdProjectList();
 

@@ -28,6 +28,14 @@ CLI::Validator FiniteRange(double lo, double hi) {
       "NUMBER in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]");
 }
 
+void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
+  cmd->add_flag("--no-sandbox", a.no_sandbox,
+                "run jobs as this process, unconfined (or TRNFLOW_SANDBOX=off); trusted jobs only");
+  cmd->add_option("--job-limits", a.job_limits,
+                  "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M "
+                  "(or TRNFLOW_JOB_LIMITS)");
+}
+
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
   cmd->add_option("FILE", a.file, "pipeline YAML file")->required();
   cmd->add_option("--project", a.project, "project to charge (overrides the file's project:)");
@@ -56,6 +64,7 @@ int main(int argc, char** argv) {
   AddRunOptions(run, run_args, true);
   run->add_option("--pool", run_args.pools, "pool capacity in instances: NAME=N (repeatable)");
   run->add_flag("--force", run_args.force, "override budget admission");
+  AddSandboxOptions(run, run_args.sandbox);
 
   auto* submit = app.add_subcommand("submit", "submit a pipeline for the daemons to execute");
   AddRunOptions(submit, submit_args, true);
@@ -161,6 +170,11 @@ int main(int argc, char** argv) {
   project_add->add_option("--max-queued-stages", max_queued_stages,
                           "quota: unfinished stages over the project's runs (default 1000000)")
       ->check(CLI::Range(1, 1000000000));
+  std::optional<int64_t> job_uid;
+  project_add->add_option("--job-uid", job_uid,
+                          "the uid the project's jobs run as on every worker (default: the next "
+                          "free from 200001)")
+      ->check(CLI::Range(int64_t{1000}, int64_t{4294967293}));
   std::string grant_role;
   bool grant_read = false, grant_write = false;
   auto* project_grant = project->add_subcommand(
@@ -221,6 +235,8 @@ int main(int argc, char** argv) {
   worker->add_option("--pool", worker_pools, "pool capacity in instances: NAME=N (repeatable)")
       ->required();
   worker->add_option("--lease", lease_s, "lease length in seconds (default 15)");
+  SandboxArgs worker_sandbox;
+  AddSandboxOptions(worker, worker_sandbox);
 
   auto* sched = app.add_subcommand("scheduler", "scheduler daemon (several may run; one leads)");
 
@@ -261,13 +277,14 @@ int main(int argc, char** argv) {
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
     if (project_add->parsed())
-      return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages);
+      return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages,
+                           job_uid);
     if (project_grant->parsed()) {
       if (!grant_read && !grant_write) throw UserError("say --read or --write");
       return CmdProjectGrant(project_name, grant_role, grant_write);
     }
     if (project_ls->parsed()) return CmdProjectList();
-    if (worker->parsed()) return CmdWorker(worker_pools, lease_s);
+    if (worker->parsed()) return CmdWorker(worker_pools, lease_s, worker_sandbox);
     if (sched->parsed()) return CmdScheduler();
   } catch (const UserError& e) {
     std::cerr << "trnflow: error: " << e.what() << "\n";

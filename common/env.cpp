@@ -1,5 +1,7 @@
 #include "common/env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -42,6 +44,9 @@ std::string AdminDatabaseUrl() {
 std::string HomeDir() {
   const char* home = std::getenv("TRNFLOW_HOME");
   if (home && *home) return home;
+  // Root is a worker serving tenants: a system directory, not /root, whose 0700 would keep
+  // every job's uid out of its own run dir.
+  if (::geteuid() == 0) return "/var/lib/trnflow";
   const char* user_home = std::getenv("HOME");
   return std::string(user_home && *user_home ? user_home : "/tmp") + "/.local/share/trnflow";
 }

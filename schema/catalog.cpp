@@ -488,6 +488,7 @@ std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int
       c.retry_failed_compilation = row[14].as<bool>();
       c.project = row[15].as<std::string>();
       c.budgeted = row[16].as<bool>();
+      c.job_uid = row[17].as<int64_t>();
       out.push_back(std::move(c));
     }
     return out;
@@ -949,10 +950,16 @@ std::string Catalog::GrantProject(const std::string& project, const std::string&
 }
 
 void Catalog::SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
-                               std::optional<int> max_queued_stages) {
+                               std::optional<int> max_queued_stages,
+                               std::optional<int64_t> job_uid) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "SetProjectQuotas", project, max_stages_per_run, max_queued_stages);
+    try {
+      impl_->Exec(tx, "SetProjectQuotas", project, max_stages_per_run, max_queued_stages, job_uid);
+    } catch (const pqxx::unique_violation&) {
+      throw UserError("uid " + std::to_string(job_uid.value_or(0)) +
+                      " already runs another project's jobs; each project needs its own");
+    }
     tx.commit();
   });
 }

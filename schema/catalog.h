@@ -59,6 +59,8 @@ struct ClaimedStage {
   // wait because other attempts hold what is left.
   double spend_cap_s = std::numeric_limits<double>::infinity();
   bool budget_wait = false;
+  // The uid (and gid) the project's jobs run as; 0: not set, the worker's job_uid_base.
+  int64_t job_uid = 0;
 };
 
 // A freshly claimed attempt's reservation: it may spend at most `cap`; `held` is what other
@@ -357,9 +359,10 @@ class Catalog {
   // Gives `role` read (or read and write) access to `project`; returns the group role granted.
   // Schema owner only. Throws UserError for an unknown or privileged role.
   std::string GrantProject(const std::string& project, const std::string& role, bool write);
-  // Sets the project's quotas; unset ones keep their value.
+  // Sets the project's quotas and the uid its jobs run as; unset ones keep their value. Throws
+  // UserError when the uid is another project's.
   void SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
-                        std::optional<int> max_queued_stages);
+                        std::optional<int> max_queued_stages, std::optional<int64_t> job_uid);
   std::vector<ProjectRow> ListProjects();
 
   // --- compiled-artifact cache ---------------------------------------------------------------

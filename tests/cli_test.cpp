@@ -193,6 +193,10 @@ TEST(Cli, AnyCachedStageIsServedWhileItsInputsAreUnchanged) {
   fs::path dir = fs::path(WriteTemp("generic-cache", "")).string() + ".d";
   fs::create_directories(dir);
   std::string home = "TRNFLOW_SPOT_RATE_MULTIPLIER=0 TRNFLOW_HOME=" + (dir / "home").string();
+  // The job runs as an unprivileged uid (the sandbox): it may append to its call log only
+  // because the test made that file writable by others.
+  std::ofstream(dir / "calls.log").close();
+  fs::permissions(dir / "calls.log", fs::perms(0666));
   std::ofstream(dir / "prep.sh") << "set -e\necho ran >> " << (dir / "calls.log").string()
                                  << "\nmkdir -p \"$1\"\necho 'tokens 1 2 3' > \"$1/tokens.txt\"\n";
   std::string file = (dir / "pipeline.yaml").string();

@@ -6,10 +6,12 @@
 #include <chrono>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "common/money.h"
 #include "common/stage_spec.h"
+#include "workers/sandbox.h"
 
 namespace trnflow::workers {
 
@@ -31,10 +33,15 @@ struct ExecContext {
   double speed = 1;     // simulated seconds per wall second
   uint64_t seed = 0;    // for this attempt's random draws
   double spot_rate_multiplier = 1;
-  std::string workdir;                     // where commands start
-  std::string run_dir;                     // ${{ run.dir }}
-  std::string log_path;                    // captured output of this attempt
-  std::string checkpoint_dir;              // TRNFLOW_CHECKPOINT_DIR
+  std::string workdir;         // where commands start
+  std::string run_dir;         // ${{ run.dir }}
+  std::string log_path;        // captured output of this attempt
+  std::string checkpoint_dir;  // TRNFLOW_CHECKPOINT_DIR
+  // Name -> value, resolved by the worker before the run: put in the job's environment and
+  // masked (***) in its captured log.
+  std::map<std::string, std::string> secrets;
+  JobIdentity identity;  // whom a command runs as (the project's uid when sandboxed)
+  JobLimits limits;      // rlimits and the captured-output cap of a command
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
   // The attempt's spend cap in simulated seconds (its budget reservation over its price): at
   // this point the executor ends it with outcome budget_exceeded. Infinite: no budget.

@@ -10,17 +10,19 @@
 //
 // A run has one clock: a command's wall time counts `speed` times over in simulated time
 // (billing, timeout, the spot market). At speed 1 — real jobs — the two are the same.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/process.hpp>
 #include <boost/process/extend.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -39,16 +41,17 @@ namespace {
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
 constexpr double kGraceSeconds = 10;
 
-// In the child, before exec: lead a process group of its own, so signals reach everything
-// the job starts (torchrun's workers, a shell's pipeline) and nothing it leaves behind keeps
-// the output pipe open; and die with the worker, so a job never runs on after its worker is
-// gone while the stage is retried elsewhere.
-struct JobProcessGroup : boost::process::extend::handler {
+// In the child, before exec: the sandbox (workers/sandbox.h) puts the job in a session and
+// process group of its own, so signals reach everything the job starts (torchrun's workers, a
+// shell's pipeline) and nothing it leaves behind keeps the output pipe open; makes it die with
+// the worker; and switches it to its project's uid with its limits. Listed after the output
+// redirection, so a failure message lands in the captured log.
+struct JobSandbox : boost::process::extend::handler {
+  const ChildSetup* setup;
+  explicit JobSandbox(const ChildSetup* s) : setup(s) {}
   template <typename Executor>
   void on_exec_setup(Executor&) const {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() == 1) ::_exit(137);  // the worker died before prctl took effect
+    setup->Apply();
   }
 };
 
@@ -69,25 +72,49 @@ struct Report {
   std::string checkpoint_path;
 };
 
-void ReadOutput(bp::ipstream& out, const std::string& log_path, Report& report) {
-  std::ofstream log(log_path, std::ios::app);
-  std::string line;
-  while (std::getline(out, line)) {
-    log << line << '\n';
-    log.flush();
-    if (line.rfind("::progress ", 0) == 0) {
-      char* end = nullptr;
-      double p = std::strtod(line.c_str() + 11, &end);
-      if (end != line.c_str() + 11 && std::isfinite(p)) {
-        std::scoped_lock lock(report.mu);
-        report.progress = std::clamp(p, 0.0, 1.0);
-      }
-    } else if (line.rfind("::checkpoint ", 0) == 0) {
+// Protocol lines: how far the job is and what it has saved.
+void ParseProtocolLine(const std::string& line, Report& report) {
+  if (line.rfind("::progress ", 0) == 0) {
+    char* end = nullptr;
+    double p = std::strtod(line.c_str() + 11, &end);
+    if (end != line.c_str() + 11 && std::isfinite(p)) {
       std::scoped_lock lock(report.mu);
-      report.checkpointed = report.progress;
-      report.checkpoint_path = line.substr(13);
+      report.progress = std::clamp(p, 0.0, 1.0);
     }
+  } else if (line.rfind("::checkpoint ", 0) == 0) {
+    std::scoped_lock lock(report.mu);
+    report.checkpointed = report.progress;
+    report.checkpoint_path = line.substr(13);
   }
+}
+
+// Reads the pipe in fixed chunks until every writer has closed it; OutputCapture bounds the
+// log and the memory whatever the job prints.
+void ReadOutput(int fd, OutputCapture& capture) {
+  std::vector<char> buf(64 * 1024);
+  while (true) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    capture.Write(buf.data(), static_cast<size_t>(n));
+  }
+  capture.Finish();
+}
+
+// What the child wrote to the status pipe before failing to become the job (empty: it
+// exec'd). Every copy of the write end closes at an exec or an exit, so this ends quickly.
+std::string ReadStatus(int fd) {
+  std::string msg;
+  char buf[512];
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, 10000) > 0) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+  return msg;
 }
 
 }  // namespace
@@ -104,33 +131,47 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   if (ctx.spec.command.shell) argv = {"/bin/sh", "-c", argv[0]};
 
-  boost::filesystem::path exe;
-  if (argv[0].find('/') != std::string::npos) {
-    std::filesystem::path p(argv[0]);
-    if (p.is_relative()) p = std::filesystem::path(ctx.workdir) / p;
-    exe = p.string();
-  } else {
-    exe = bp::search_path(argv[0]);
-  }
-  if (exe.empty() || !boost::filesystem::exists(exe)) {
-    r.outcome = Outcome::kUserError;
-    r.message = "command not found: " + argv[0] + " (looked in PATH and " + ctx.workdir + ")";
+  if (ctx.identity.switch_user && !CanSwitchUser()) {
+    r.outcome = Outcome::kInfraError;
+    r.message = "this worker cannot switch to the job's uid " + std::to_string(ctx.identity.uid) +
+                ": run it as root or with CAP_SETUID and CAP_SETGID (docs/security-sandbox.md)";
     return r;
   }
 
-  bp::environment env = boost::this_process::environment();
-  for (const auto& [k, v] : ctx.spec.command.env) env[k] = Substitute(v, ctx);
-  env["TRNFLOW_RUN_ID"] = std::to_string(ctx.run_id);
-  env["TRNFLOW_RUN_DIR"] = ctx.run_dir;
-  env["TRNFLOW_STAGE"] = ctx.spec.name;
-  env["TRNFLOW_ATTEMPT"] = std::to_string(ctx.attempt);
-  env["TRNFLOW_CHECKPOINT_DIR"] = ctx.checkpoint_dir;
-  env["TRNFLOW_RESUME"] = ctx.attempt > 1 ? "1" : "0";
+  // A relative command stays relative: the child starts it from the workdir, which it enters
+  // while still privileged, so the job's uid need not be able to traverse the workdir's
+  // parents. The check here is the worker's, as root. A bare name is looked up in the job's
+  // PATH, not the worker's.
+  boost::filesystem::path exe;
+  if (argv[0].find('/') != std::string::npos) {
+    std::filesystem::path p(argv[0]);
+    std::filesystem::path seen = p.is_relative() ? std::filesystem::path(ctx.workdir) / p : p;
+    if (boost::filesystem::exists(seen.string())) exe = argv[0];
+  } else {
+    std::vector<boost::filesystem::path> dirs;
+    std::string path = kJobPath;
+    for (size_t at = 0, colon; at <= path.size(); at = colon + 1) {
+      colon = path.find(':', at);
+      if (colon == std::string::npos) colon = path.size();
+      dirs.emplace_back(path.substr(at, colon - at));
+    }
+    exe = bp::search_path(argv[0], dirs);
+  }
+  if (exe.empty()) {
+    r.outcome = Outcome::kUserError;
+    r.message =
+        "command not found: " + argv[0] + " (looked in " + kJobPath + " and " + ctx.workdir + ")";
+    return r;
+  }
 
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(ctx.log_path).parent_path(), ec);
-  std::filesystem::create_directories(ctx.checkpoint_dir, ec);
-  std::filesystem::create_directories(ctx.run_dir, ec);
+  std::string job_home;
+  if (std::string e = PrepareAttemptDirs(ctx, &job_home); !e.empty()) {
+    r.outcome = Outcome::kInfraError;
+    r.message = "sandbox: " + e;
+    return r;
+  }
+  bp::environment env;
+  for (const auto& [k, v] : JobEnvironment(ctx, job_home)) env[k] = v;
 
   // The simulated spot market, on the run's clock: when the instance would be reclaimed.
   double interrupt_at = std::numeric_limits<double>::infinity();  // simulated seconds
@@ -148,22 +189,39 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
 
   Report report;
   report.progress = report.checkpointed = ctx.progress;
+  std::error_code ec;
   auto start = std::chrono::steady_clock::now();
   auto wall = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   std::vector<std::string> args(argv.begin() + 1, argv.end());
-  bp::ipstream out;
+  int status_pipe[2];
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
+    r.outcome = Outcome::kInfraError;
+    r.message = std::string("could not start ") + argv[0] + ": pipe2: " + std::strerror(errno);
+    return r;
+  }
+  ChildSetup setup;
+  setup.workdir = ctx.workdir;
+  setup.identity = ctx.identity;
+  setup.limits = ctx.limits;
+  setup.status_fd = status_pipe[1];
+  bp::pipe out;
   std::error_code launch_ec;
-  bp::child child(
-      bp::exe = exe.string(), bp::args = args, bp::env = env, bp::start_dir = ctx.workdir,
-      bp::std_in<bp::null, (bp::std_out & bp::std_err)> out, JobProcessGroup{}, launch_ec);
+  bp::child child(bp::exe = exe.string(), bp::args = args, bp::env = env,
+                  bp::std_in<bp::null, (bp::std_out & bp::std_err)> out, JobSandbox(&setup),
+                  launch_ec);
+  ::close(status_pipe[1]);
+  std::string setup_error = launch_ec ? "" : ReadStatus(status_pipe[0]);
+  ::close(status_pipe[0]);
   if (launch_ec) {
     r.outcome = Outcome::kInfraError;
     r.message = "could not start " + argv[0] + ": " + launch_ec.message();
     return r;
   }
-  std::thread reader([&] { ReadOutput(out, ctx.log_path, report); });
+  OutputCapture capture(ctx.log_path, ctx.limits.output, ctx.secrets,
+                        [&report](const std::string& line) { ParseProtocolLine(line, report); });
+  std::thread reader([&] { ReadOutput(out.native_source(), capture); });
 
   // Wait, while watching for a stop request, the timeout and the spot market: SIGTERM first,
   // SIGKILL after the grace period (or when the instance is gone).
@@ -192,6 +250,11 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   reader.join();
   r.sim_seconds = wall() * ctx.speed;
   int status = child.native_exit_code();
+  if (!setup_error.empty()) {
+    r.outcome = Outcome::kInfraError;
+    r.message = "sandbox: could not start " + argv[0] + ": " + setup_error;
+    return r;
+  }
 
   double progress, checkpointed;
   {

@@ -107,6 +107,7 @@ struct Worker::Impl {
   std::shared_ptr<spdlog::logger> log = Logger("workers");
   std::vector<std::unique_ptr<Pool>> pools;
   std::unique_ptr<tbb::global_control> parallelism;
+  bool sandboxed = false;  // decided in Start(): jobs switch to their project's uid
 
   mutable std::mutex mu;  // guards running, results, wake_claim, rng
   std::map<int64_t, std::shared_ptr<Running>> running;
@@ -421,6 +422,11 @@ struct Worker::Impl {
     ctx.log_path = opt.home + "/logs/" + run_tag + "/" + SafeName(c.spec.name) + ".attempt-" +
                    std::to_string(c.attempt) + ".log";
     ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
+    int64_t uid = c.job_uid > 0 ? c.job_uid : opt.job_uid_base;
+    ctx.identity.switch_user = sandboxed;
+    ctx.identity.uid = static_cast<uid_t>(uid);
+    ctx.identity.gid = static_cast<gid_t>(uid);
+    ctx.limits = opt.job_limits;
     ctx.stop = &run->stop;
     ctx.claimed_at = run->claimed_at;
     ctx.spend_cap_s = c.spend_cap_s;
@@ -719,6 +725,14 @@ int Worker::running() const {
 
 void Worker::Start() {
   Impl& w = *impl_;
+  SandboxDecision sandbox = DecideSandbox(w.opt.sandbox, CanSwitchUser());
+  if (!sandbox.error.empty()) throw UserError(sandbox.error);
+  if (!sandbox.warning.empty()) w.log->warn("{}", sandbox.warning);
+  if (sandbox.enabled && (w.opt.job_uid_base <= 0 || w.opt.job_uid_base >= (1LL << 31)))
+    throw UserError("job uid base " + std::to_string(w.opt.job_uid_base) +
+                    " is not a valid unprivileged uid");
+  if (std::string e = PrepareHome(w.opt.home, sandbox.enabled); !e.empty()) throw UserError(e);
+  w.sandboxed = sandbox.enabled;
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
   std::unique_ptr<schema::Catalog> cat;

@@ -8,11 +8,17 @@
 // Start() and Stop() are called from one owning thread. Stop() stops claiming, lets running
 // stages finish for the grace period, then stops them and hands them back (ready again,
 // attempt closed as cancelled, not counted against any budget).
+//
+// Jobs run in the sandbox of workers/sandbox.h unless the operator turned it off: Start()
+// throws UserError when the sandbox is on and this process cannot switch users, or when
+// TRNFLOW_HOME cannot be prepared or reached by a job's uid.
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "workers/sandbox.h"
 
 namespace trnflow::workers {
 
@@ -31,6 +37,11 @@ struct WorkerOptions {
   double shutdown_grace_s = 10;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
+  // Run commands as their project's uid, in private directories (docs/security-sandbox.md).
+  // false: --no-sandbox / TRNFLOW_SANDBOX=off, jobs run as this process.
+  bool sandbox = true;
+  int64_t job_uid_base = 200000;  // uid and gid of a project without a job uid of its own
+  JobLimits job_limits;           // rlimits and output cap of every command
   // Benchmarks only: called at the start of every attempt instead of its executor, with the
   // stage's id; true means the attempt succeeded at once (a no-op stage, as job-queue
   // benchmarks use no-op handlers). Everything else (claim, ledger, release) is as always.

@@ -162,6 +162,13 @@ ALTER TABLE trnflow.budgets ADD CONSTRAINT budgets_amount_range CHECK (amount_us
 ALTER TABLE trnflow.stages ADD CONSTRAINT stages_count_range CHECK (instance_count <= 1024);
 ALTER TABLE trnflow.schedules ADD CONSTRAINT schedules_speed_range CHECK (speed > 0 AND speed <= 1e9);
 
+-- The uid a project's jobs run as on every worker host (the sandbox switches to it). Numbers
+-- from 200001 up unless a site maps a project to one of its own (`project add --job-uid`);
+-- shared storage must agree on them.
+CREATE SEQUENCE trnflow.project_job_uids START 200001;
+ALTER TABLE trnflow.projects ADD COLUMN job_uid bigint NOT NULL
+  DEFAULT nextval('trnflow.project_job_uids') UNIQUE CHECK (job_uid >= 1000 AND job_uid < 4294967294);
+
 -- Quotas, refused at submit with the figure.
 ALTER TABLE trnflow.projects ADD COLUMN max_stages_per_run int NOT NULL DEFAULT 250000
   CHECK (max_stages_per_run > 0);

@@ -139,7 +139,8 @@ SELECT trnflow.grant_project($1, $2, $3);
 -- name: SetProjectQuotas
 UPDATE trnflow.projects
 SET max_stages_per_run = coalesce($2, max_stages_per_run),
-    max_queued_stages = coalesce($3, max_queued_stages)
+    max_queued_stages = coalesce($3, max_queued_stages),
+    job_uid = coalesce($4, job_uid)
 WHERE name = $1;
 
 -- name: ListProjects

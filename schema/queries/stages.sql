@@ -59,10 +59,12 @@ SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.err
        c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,
        r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, c.project,
        (r.budget_usd IS NOT NULL
-        OR EXISTS (SELECT 1 FROM trnflow.budgets b WHERE b.project = c.project)) AS budgeted
+        OR EXISTS (SELECT 1 FROM trnflow.budgets b WHERE b.project = c.project)) AS budgeted,
+       pj.job_uid
 FROM claimed c
 JOIN opened o ON o.stage_id = c.id
-JOIN trnflow.runs r ON r.id = c.run_id;
+JOIN trnflow.runs r ON r.id = c.run_id
+JOIN trnflow.projects pj ON pj.name = c.project;
 
 -- name: ReserveBudgets
 -- Spend caps for freshly claimed attempts of budgeted runs and projects: (stage, cap, held by
