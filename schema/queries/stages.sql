@@ -35,7 +35,7 @@ opened AS (
                 ORDER BY valid_from DESC LIMIT 1) pr ON true
   RETURNING stage_id, price_usd_hour)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
-       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,       r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation
+       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,       r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, r.project
 FROM claimed c
 JOIN opened o ON o.stage_id = c.id
 JOIN trnflow.runs r ON r.id = c.run_id;
