@@ -128,7 +128,7 @@ int CmdCacheVerify() {
   int ok = 0, dropped = 0;
   for (const auto& a : catalog->ListArtifacts()) {
     if (a.state != "ready") continue;
-    if (workers::VerifyArtifact(a.path, a.digest)) {
+    if (workers::IsStorePath(HomeDir(), a.path) && workers::VerifyArtifact(a.path, a.digest)) {
       ++ok;
       continue;
     }
