@@ -125,7 +125,7 @@ int CmdCacheRemove(const std::string& key) {
 
 int CmdCacheVerify() {
   auto catalog = OpenCatalog();
-  int ok = 0, dropped = 0;
+  int ok = 0, dropped = 0, outside = 0;
   for (const auto& a : catalog->ListArtifacts()) {
     if (a.state != "ready") continue;
     if (workers::IsStorePath(HomeDir(), a.path) && workers::VerifyArtifact(a.path, a.digest)) {
@@ -135,12 +135,16 @@ int CmdCacheVerify() {
     auto path = catalog->DeleteArtifact(a.key);
     if (path && !workers::RemoveArtifact(HomeDir(), *path)) {
       std::cerr << OutsideStore(a.key, *path) << "\n";
+      ++outside;
     } else {
       std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ") dropped\n";
+      ++dropped;
     }
-    ++dropped;
   }
-  std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped\n";
+  std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped";
+  if (outside > 0)
+    std::cout << ", " << outside << " entries outside the store dropped from the catalog";
+  std::cout << "\n";
   return kExitOk;
 }
 
