@@ -1,5 +1,6 @@
-// trnflow cache ls / show / rm / verify / gc / why: the artifact cache (compiled graphs and
-// stages with cache: true).
+// trnflow cache ls / show / rm / verify / gc / why / trust / untrust: the artifact cache
+// (compiled graphs and stages with cache: true). Deletion goes through RemoveArtifact, which
+// refuses any path the catalog names outside the store: a row is data, not an instruction.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -8,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "common/duration.h"
+#include "common/env.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "workers/artifact_store.h"
@@ -37,6 +39,12 @@ Described Describe(const std::string& manifest) {
           "b" + std::to_string(j.value("batch", 0)) + " s" + std::to_string(j.value("seq_len", 0)) +
               " tp" + std::to_string(j.value("tp_degree", 0)),
           j.value("target", "?")};
+}
+
+// A row whose path is not in the store was not written by a worker: its files are left alone.
+std::string OutsideStore(const std::string& key, const std::string& path) {
+  return "entry " + key.substr(0, 12) + " names a path outside the store (" + HomeDir() +
+         "/artifacts/): " + path + "; removed from the catalog, nothing deleted";
 }
 
 std::string Bytes(int64_t b) {
@@ -86,15 +94,17 @@ int CmdCacheList() {
 int CmdCacheShow(const std::string& key) {
   auto catalog = OpenCatalog();
   auto a = FindEntry(*catalog, key);
-  nlohmann::ordered_json j = {{"key", a.key},
-                              {"state", a.state},
-                              {"digest", a.digest},
-                              {"bytes", a.bytes},
-                              {"path", a.path},
-                              {"hits", a.hits},
-                              {"created_at", a.created_at},
-                              {"last_used_at", a.last_used_at},
-                              {"inputs", nlohmann::json::parse(a.manifest_json, nullptr, false)}};
+  nlohmann::ordered_json j = {
+      {"key", a.key},
+      {"state", a.state},
+      {"digest", a.digest},
+      {"bytes", a.bytes},
+      {"path", a.path},
+      {"project", a.project.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.project)},
+      {"hits", a.hits},
+      {"created_at", a.created_at},
+      {"last_used_at", a.last_used_at},
+      {"inputs", nlohmann::json::parse(a.manifest_json, nullptr, false)}};
   if (!a.failure.empty()) j["failure"] = a.failure;
   std::cout << j.dump(2) << "\n";
   return kExitOk;
@@ -105,25 +115,36 @@ int CmdCacheRemove(const std::string& key) {
   auto a = FindEntry(*catalog, key);
   auto path = catalog->DeleteArtifact(a.key);
   if (!path) throw UserError("entry " + key + " is being built; try again when it is done");
-  workers::RemoveArtifact(*path);
+  if (!workers::RemoveArtifact(HomeDir(), *path)) {
+    std::cerr << OutsideStore(a.key, *path) << "\n";
+    return kExitBadInput;
+  }
   std::cout << "removed " << a.key << "\n";
   return kExitOk;
 }
 
 int CmdCacheVerify() {
   auto catalog = OpenCatalog();
-  int ok = 0, dropped = 0;
+  int ok = 0, dropped = 0, outside = 0;
   for (const auto& a : catalog->ListArtifacts()) {
     if (a.state != "ready") continue;
-    if (workers::VerifyArtifact(a.path, a.digest)) {
+    if (workers::IsStorePath(HomeDir(), a.path) && workers::VerifyArtifact(a.path, a.digest)) {
       ++ok;
       continue;
     }
-    if (auto path = catalog->DeleteArtifact(a.key)) workers::RemoveArtifact(*path);
-    std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ") dropped\n";
-    ++dropped;
+    auto path = catalog->DeleteArtifact(a.key);
+    if (path && !workers::RemoveArtifact(HomeDir(), *path)) {
+      std::cerr << OutsideStore(a.key, *path) << "\n";
+      ++outside;
+    } else {
+      std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ") dropped\n";
+      ++dropped;
+    }
   }
-  std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped\n";
+  std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped";
+  if (outside > 0)
+    std::cout << ", " << outside << " entries outside the store dropped from the catalog";
+  std::cout << "\n";
   return kExitOk;
 }
 
@@ -159,8 +180,15 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
   for (const auto& a : ready) {
     bool drop = limit >= 0 ? total > limit : a.last_used_at < cutoff;
     if (!drop) continue;
+    if (!workers::IsStorePath(HomeDir(), a.path)) {  // not the store's bytes to reclaim
+      std::cerr << "warning: entry " << a.key.substr(0, 12)
+                << " names a path outside the store: " << a.path
+                << "; skipped (`trnflow cache verify` drops it)\n";
+      total -= a.bytes;
+      continue;
+    }
     if (auto path = catalog->DeleteArtifact(a.key)) {
-      workers::RemoveArtifact(*path);
+      workers::RemoveArtifact(HomeDir(), *path);
       total -= a.bytes;
       ++removed;
       std::cout << "removed " << a.key.substr(0, 12) << " (last used " << a.last_used_at << ")\n";
@@ -209,6 +237,29 @@ int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
   }
   std::cout << "closest cached key " << best_key.substr(0, 12) << " differs in:\n";
   for (const auto& d : best_diff) std::cout << "  " << d << "\n";
+  return kExitOk;
+}
+
+int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list) {
+  auto catalog = OpenCatalog();
+  if (list) {
+    auto pairs = catalog->ListCacheTrust();
+    if (pairs.empty()) std::cout << "no project trusts another's cache entries\n";
+    for (const auto& [p, t] : pairs) std::cout << p << " trusts " << t << "\n";
+    return kExitOk;
+  }
+  if (project.empty() || trusted.empty())
+    throw UserError(std::string("give PROJECT and TRUSTED, e.g. `trnflow cache ") +
+                    (trust ? "trust" : "untrust") + " team-b team-a`");
+  if (trust) {
+    bool added = catalog->AddCacheTrust(project, trusted);
+    std::cout << project << (added ? " now trusts " : " already trusted ") << trusted
+              << ": its cached stages may be served entries " << trusted << " built\n";
+  } else if (catalog->RemoveCacheTrust(project, trusted)) {
+    std::cout << project << " no longer trusts " << trusted << "\n";
+  } else {
+    std::cout << project << " did not trust " << trusted << "\n";
+  }
   return kExitOk;
 }
 

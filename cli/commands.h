@@ -52,6 +52,8 @@ int CmdCacheRemove(const std::string& key);
 int CmdCacheVerify();
 int CmdCacheGc(const std::string& max_bytes, const std::string& older_than);
 int CmdCacheWhy(const std::string& run, const std::string& stage);
+// `cache trust PROJECT TRUSTED` / `cache untrust ...`; with `list`, the pairs instead.
+int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.

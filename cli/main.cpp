@@ -215,12 +215,25 @@ int main(int argc, char** argv) {
   auto* cache_ls = cache->add_subcommand("ls", "entries: key, model, shapes, target, bytes, hits");
   auto* cache_show = cache->add_subcommand("show", "one entry and the inputs of its key");
   cache_show->add_option("KEY", cache_key, "key (or its first characters)")->required();
-  auto* cache_rm = cache->add_subcommand("rm", "remove an entry");
+  auto* cache_rm = cache->add_subcommand(
+      "rm", "remove an entry (its files only when they lie inside the store)");
   cache_rm->add_option("KEY", cache_key, "key (or its first characters)")->required();
   auto* cache_verify = cache->add_subcommand("verify", "re-hash every entry; drop corrupt ones");
   auto* cache_gc = cache->add_subcommand("gc", "remove least recently used entries");
   cache_gc->add_option("--max-bytes", gc_max_bytes, "keep at most this many bytes");
   cache_gc->add_option("--older-than", gc_older_than, "remove entries unused for this long (30d)");
+  std::string trust_project, trust_trusted;
+  bool trust_list = false;
+  auto* cache_trust = cache->add_subcommand(
+      "trust",
+      "let PROJECT's cached stages be served entries TRUSTED built for the same inputs (each "
+      "project's entries are its own otherwise; compiled graphs are everyone's)");
+  cache_trust->add_option("PROJECT", trust_project, "the project that is served");
+  cache_trust->add_option("TRUSTED", trust_trusted, "the project whose entries it may use");
+  cache_trust->add_flag("--list", trust_list, "list who trusts whom");
+  auto* cache_untrust = cache->add_subcommand("untrust", "undo `cache trust PROJECT TRUSTED`");
+  cache_untrust->add_option("PROJECT", trust_project, "project")->required();
+  cache_untrust->add_option("TRUSTED", trust_trusted, "the project it trusted")->required();
   auto* cache_why = cache->add_subcommand("why", "why a stage missed the cache");
   cache_why->add_option("RUN", why_run, "run id")->required();
   cache_why->add_option("STAGE", why_stage, "stage name")->required();
@@ -274,6 +287,10 @@ int main(int argc, char** argv) {
     if (cache_verify->parsed()) return CmdCacheVerify();
     if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than);
     if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage);
+    if (cache_trust->parsed())
+      return CmdCacheTrust(trust_project, trust_trusted, true,
+                           trust_list || (trust_project.empty() && trust_trusted.empty()));
+    if (cache_untrust->parsed()) return CmdCacheTrust(trust_project, trust_trusted, false, false);
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
     if (project_add->parsed())

@@ -1,7 +1,9 @@
 #include "common/sha256.h"
 
 #include <openssl/evp.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -44,6 +46,21 @@ std::string Sha256FileHex(const std::string& path) {
   while (in.read(buf, sizeof buf) || in.gcount() > 0)
     EVP_DigestUpdate(ctx.get(), buf, static_cast<size_t>(in.gcount()));
   if (in.bad()) throw std::runtime_error("cannot read " + path);
+  return FinishHex(ctx.get());
+}
+
+std::string Sha256FdHex(int fd, const std::string& what) {
+  Ctx ctx = NewSha256();
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("cannot read " + what);
+    }
+    EVP_DigestUpdate(ctx.get(), buf, static_cast<size_t>(n));
+  }
   return FinishHex(ctx.get());
 }
 

@@ -996,18 +996,19 @@ ArtifactRow ReadArtifact(const pqxx::row& row) {
   a.created_at = row[9].as<std::string>();
   a.builder_stage = row[10].as<int64_t>();
   a.producer_cost = Money::FromMicros(row[11].as<int64_t>());
+  a.project = row[12].as<std::string>();
   return a;
 }
 }  // namespace
 
 bool Catalog::AcquireArtifact(const std::string& key, int64_t stage_id, int attempt,
                               const std::string& manifest_json, bool retry_failed,
-                              const std::string& corrupt_digest) {
+                              const std::string& corrupt_digest, const std::string& project) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     bool mine = !impl_
                      ->Exec(tx, "AcquireArtifact", key, stage_id, attempt, manifest_json,
-                            retry_failed, corrupt_digest)
+                            retry_failed, corrupt_digest, project)
                      .empty();
     tx.commit();
     return mine;
@@ -1174,6 +1175,50 @@ std::optional<std::string> Catalog::DeleteArtifact(const std::string& key) {
     tx.commit();
     if (r.empty()) return std::nullopt;
     return r[0][0].as<std::string>();
+  });
+}
+
+std::vector<std::string> Catalog::TrustedProjects(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "TrustedProjects", project))
+      out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
+bool Catalog::AddCacheTrust(const std::string& project, const std::string& trusts) {
+  if (project == trusts)
+    throw UserError("project " + project + " always uses its own cache entries; name another");
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "AddCacheTrust", project, trusts);
+    tx.commit();
+    for (int i : {0, 1})
+      if (!r[0][i].as<bool>())
+        throw UserError("there is no project " + (i == 0 ? project : trusts) +
+                        "; `trnflow project ls` lists them");
+    return r[0][2].as<bool>();
+  });
+}
+
+bool Catalog::RemoveCacheTrust(const std::string& project, const std::string& trusts) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool removed = !impl_->Exec(tx, "RemoveCacheTrust", project, trusts).empty();
+    tx.commit();
+    return removed;
+  });
+}
+
+std::vector<std::pair<std::string, std::string>> Catalog::ListCacheTrust() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& row : impl_->Exec(tx, "ListCacheTrust"))
+      out.emplace_back(row[0].as<std::string>(), row[1].as<std::string>());
+    return out;
   });
 }
 

@@ -232,6 +232,7 @@ struct ArtifactRow {
   std::string created_at;
   int64_t builder_stage = 0;
   Money producer_cost;  // what the attempt that built it cost
+  std::string project;  // whose entry it is; "" for a compiled graph (every project's)
 };
 
 struct ScheduleRow {
@@ -368,9 +369,10 @@ class Catalog {
   // --- compiled-artifact cache ---------------------------------------------------------------
   // Become the builder of `key` (true) when nobody builds it, its builder's attempt is gone,
   // `retry_failed` and it failed before, or it is ready with `corrupt_digest` (found corrupt).
+  // The entry is `project`'s ("" for an engine-produced compiled graph, shared by all).
   bool AcquireArtifact(const std::string& key, int64_t stage_id, int attempt,
                        const std::string& manifest_json, bool retry_failed,
-                       const std::string& corrupt_digest);
+                       const std::string& corrupt_digest, const std::string& project = "");
   std::optional<ArtifactRow> GetArtifact(const std::string& key);
   // The builder's result: state "ready" (digest, bytes, path) or "failed" (failure). False
   // when this attempt was no longer the builder.
@@ -382,6 +384,13 @@ class Catalog {
   std::vector<ArtifactRow> ListArtifacts();
   // Deletes an entry that is not being built; returns its directory, or nullopt.
   std::optional<std::string> DeleteArtifact(const std::string& key);
+  // Cache trust: the projects whose entries `project`'s cached stages may be served.
+  std::vector<std::string> TrustedProjects(const std::string& project);
+  // Lets `project` be served entries `trusts` built; false when it already was. Throws
+  // UserError when either project does not exist or they are the same.
+  bool AddCacheTrust(const std::string& project, const std::string& trusts);
+  bool RemoveCacheTrust(const std::string& project, const std::string& trusts);  // false: none
+  std::vector<std::pair<std::string, std::string>> ListCacheTrust();  // (project, trusts)
   // --- schedules -----------------------------------------------------------------------------
   // False when a schedule of that name exists.
   bool AddSchedule(const ScheduleRow& s);

@@ -527,9 +527,9 @@ TEST(StageCache, KeyCoversKindParametersAndConsumedDigests) {
   s.command.outputs = std::vector<std::string>{"data"};
   s.instance = "c6i.large";
   std::vector<std::pair<std::string, std::string>> up = {{"fetch", "d1"}};
-  const std::string base = workers::StageCacheInputs(s, up, dir.string(), 7);
+  const std::string base = workers::StageCacheInputs(s, up, dir.string(), 7, "lab");
   auto key = [&](const StageSpec& x, decltype(up) u) {
-    return workers::StageCacheInputs(x, u, dir.string(), 7);
+    return workers::StageCacheInputs(x, u, dir.string(), 7, "lab");
   };
   EXPECT_EQ(base, key(s, up)) << "stable";
   StageSpec moved = s;
@@ -546,10 +546,11 @@ TEST(StageCache, KeyCoversKindParametersAndConsumedDigests) {
   EXPECT_NE(base, key(flag, up));
   StageSpec per_run = s;
   per_run.command.env["TAG"] = "run-${{ run.id }}";
-  EXPECT_NE(workers::StageCacheInputs(per_run, up, dir.string(), 7),
-            workers::StageCacheInputs(per_run, up, dir.string(), 8))
+  EXPECT_NE(workers::StageCacheInputs(per_run, up, dir.string(), 7, "lab"),
+            workers::StageCacheInputs(per_run, up, dir.string(), 8, "lab"))
       << "a command that names its run is keyed on it";
-  EXPECT_EQ(base, workers::StageCacheInputs(s, up, dir.string(), 8)) << "one that does not is not";
+  EXPECT_EQ(base, workers::StageCacheInputs(s, up, dir.string(), 8, "lab"))
+      << "one that does not is not";
   std::ofstream(dir / "prep.sh") << "echo two\n";
   EXPECT_NE(base, key(s, up)) << "an edited script";
   auto j = nlohmann::json::parse(base);

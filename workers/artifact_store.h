@@ -5,11 +5,26 @@
 // `done` marker written last. An entry without its marker, or whose contents do not hash to
 // its digest, is never served. Safe from any thread; entries are written to a temporary
 // directory and renamed into place.
+//
+// The worker runs as a more privileged user than the jobs it serves, and one store serves
+// every project, so nothing here follows a symlink out of the tree it reads or writes: a link
+// among the outputs is stored as a link (its target, never the target's contents) and only
+// when it resolves inside the run's directory; restore recreates links without following
+// them and refuses an entry whose links lead out; removal touches only paths inside the store.
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace trnflow::workers {
+
+// The declared outputs cannot be stored as they are: one is missing, is a symlink leading out
+// of the run's directory, or is not a file, directory or symlink. The stage's fault, not the
+// worker's: what() names the output and says what is wrong.
+class OutputRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct StoredArtifact {
   std::string digest;  // sha256 of model.neff
@@ -22,23 +37,37 @@ struct StoredArtifact {
 StoredArtifact WriteArtifact(const std::string& home, const std::string& cache_key,
                              const std::string& cache_inputs, double parameters);
 
-// The digest of files: sha256 over each regular file under the paths `rels` (relative to
-// `root`; a directory stands for every file beneath it), as "path NUL sha256 LF" lines in path
-// order. Throws std::runtime_error naming the first path that does not exist.
+// The digest of the paths `rels` (relative to `root`; a directory stands for everything
+// beneath it), as "path NUL what LF" lines in path order, where `what` is the sha256 of a
+// regular file's contents (followed by NUL "x" when it is executable) or "link" NUL target
+// for a symlink, whose target is what is hashed (never what it points at). Throws
+// OutputRefused naming the first path that does not exist, or a symlink resolving outside
+// `root`; never opens a path through a symlink.
 std::string OutputsDigest(const std::string& root, const std::vector<std::string>& rels);
 
-// Stores copies of the files under `rels` (relative to `root`) as an entry's outputs/ tree;
-// the entry's digest is their OutputsDigest.
+// Stores copies of `rels` (relative to `root`) as an entry's outputs/ tree; the entry's
+// digest is the OutputsDigest of the copies. A symlink is stored as a symlink, relative to its
+// directory. Throws OutputRefused as OutputsDigest does; std::runtime_error when the store
+// cannot be written.
 StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_inputs,
                             const std::string& root, const std::vector<std::string>& rels);
 
-// Copies a verified entry's outputs/ tree into `root`, replacing what is there.
+// Copies a verified entry's outputs/ tree into `root`, replacing what is there (an existing
+// path is removed, never written through). Throws std::runtime_error, having written nothing,
+// when the entry holds an absolute symlink or one that leads out of the tree, or when `root`
+// is itself a symlink.
 void RestoreOutputs(const std::string& path, const std::string& root);
 
 // True when `path` holds a complete entry whose contents hash to `digest`.
 bool VerifyArtifact(const std::string& path, const std::string& digest);
 
-// Removes an entry's directory (no error when it is already gone).
-void RemoveArtifact(const std::string& path);
+// True when `path` names a directory strictly inside the store of `home` (<home>/artifacts/),
+// judged with its parent resolved and its final component not followed. A catalog row whose
+// path is not is never trusted: not served, not deleted.
+bool IsStorePath(const std::string& home, const std::string& path);
+
+// Removes an entry's directory (no error when it is already gone) when IsStorePath; returns
+// false, deleting nothing, otherwise.
+bool RemoveArtifact(const std::string& home, const std::string& path);
 
 }  // namespace trnflow::workers

@@ -42,7 +42,8 @@ nlohmann::json NamedFiles(const CommandSpec& cmd, const std::string& workdir) {
 
 std::string StageCacheInputs(const StageSpec& spec,
                              const std::vector<std::pair<std::string, std::string>>& consumed,
-                             const std::string& workdir, int64_t run_id) {
+                             const std::string& workdir, int64_t run_id,
+                             const std::string& project) {
   nlohmann::json parameters;
   if (spec.kind == StageKind::kRun) {
     parameters = {{"command", spec.command.argv},
@@ -62,8 +63,10 @@ std::string StageCacheInputs(const StageSpec& spec,
   }
   nlohmann::json inputs = nlohmann::json::object();
   for (const auto& [name, digest] : consumed) inputs[name] = digest;
-  nlohmann::json j = {
-      {"kind", ToString(spec.kind)}, {"parameters", parameters}, {"inputs", inputs}};
+  nlohmann::json j = {{"kind", ToString(spec.kind)},
+                      {"parameters", parameters},
+                      {"inputs", inputs},
+                      {"project", project}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

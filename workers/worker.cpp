@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -500,8 +501,12 @@ struct Worker::Impl {
   // produced; `serve` hands a verified entry to this attempt.
   struct CacheWork {
     std::string key, inputs;
+    std::string project;           // the entry's owner; "" for a compiled graph (everyone's)
     std::string what;              // "compiled graph", "outputs"
     bool poison_failures = false;  // remember a user error for the key (compiles)
+    // (project, key) of the same inputs in each project this one trusts: served when the
+    // project has no ready entry of its own.
+    std::vector<std::pair<std::string, std::string>> trusted;
     std::function<std::pair<ExecResult, StoredArtifact>()> build;
     std::function<void(const schema::ArtifactRow&, ExecResult&)> serve;
   };
@@ -513,6 +518,17 @@ struct Worker::Impl {
   // returned at once, unless the run retries failed compilations.
   ExecResult RunSingleFlight(schema::Catalog& cat, const ExecContext& ctx,
                              const schema::ClaimedStage& c, const CacheWork& w) {
+    if (!w.trusted.empty()) {
+      auto own = cat.GetArtifact(w.key);
+      if (!own || own->state != "ready")
+        for (const auto& [project, key] : w.trusted) {
+          auto a = cat.GetArtifact(key);
+          // The row must be the trusted project's own: trust is in who built it.
+          if (a && a->state == "ready" && a->project == project && Servable(*a))
+            if (auto r = Serve(cat, key, *a, w, " (built by trusted project " + project + ")"))
+              return *r;
+        }
+    }
     std::string corrupt;
     bool announced_wait = false;
     while (true) {
@@ -525,7 +541,7 @@ struct Worker::Impl {
         return r;
       }
       if (cat.AcquireArtifact(w.key, c.stage_id, c.attempt, w.inputs, c.retry_failed_compilation,
-                              corrupt)) {
+                              corrupt, w.project)) {
         ExecResult er;
         StoredArtifact a;
         try {
@@ -549,18 +565,8 @@ struct Worker::Impl {
       auto a = cat.GetArtifact(w.key);
       if (!a) continue;  // removed meanwhile: try to build it
       if (a->state == "ready") {
-        if (VerifyArtifact(a->path, a->digest)) {
-          ExecResult r;
-          r.outcome = Outcome::kCached;
-          r.ran_instance = false;
-          r.progress_to = 1;
-          r.output_digest = a->digest;
-          r.saved = a->producer_cost;
-          r.message = w.what + " " + a->digest.substr(0, 12) + " from the cache";
-          if (w.serve) w.serve(*a, r);
-          cat.RecordArtifactHit(w.key);
-          return r;
-        }
+        if (Servable(*a))
+          if (auto r = Serve(cat, w.key, *a, w, "")) return *r;
         log->warn("cache entry key={} digest={} is corrupt or incomplete: rebuilding it",
                   w.key.substr(0, 12), a->digest.substr(0, 12));
         corrupt = a->digest;
@@ -581,6 +587,40 @@ struct Worker::Impl {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+  }
+
+  // An entry is served only from inside the store (a row naming another path was not written
+  // by a worker) and only when its contents still hash to its digest.
+  bool Servable(const schema::ArtifactRow& a) {
+    if (!IsStorePath(opt.home, a.path)) {
+      log->warn("cache entry key={} names a path outside the store ({}): not served",
+                a.key.substr(0, 12), a.path);
+      return false;
+    }
+    return VerifyArtifact(a.path, a.digest);
+  }
+
+  // The hit, or nullopt when the entry could not be handed over (restore refused it).
+  std::optional<ExecResult> Serve(schema::Catalog& cat, const std::string& key,
+                                  const schema::ArtifactRow& a, const CacheWork& w,
+                                  const std::string& note) {
+    ExecResult r;
+    r.outcome = Outcome::kCached;
+    r.ran_instance = false;
+    r.progress_to = 1;
+    r.output_digest = a.digest;
+    r.saved = a.producer_cost;
+    r.message = w.what + " " + a.digest.substr(0, 12) + " from the cache" + note;
+    if (w.serve) {
+      try {
+        w.serve(a, r);
+      } catch (const std::exception& e) {
+        log->warn("cache entry key={} not served: {}", key.substr(0, 12), e.what());
+        return std::nullopt;
+      }
+    }
+    cat.RecordArtifactHit(key);
+    return r;
   }
 
   // A compile stage: its key is known from the file (the graph's shape, not the weights).
@@ -609,8 +649,13 @@ struct Worker::Impl {
   ExecResult RunCachedStage(const ExecContext& ctx, const schema::ClaimedStage& c) {
     CacheWork w;
     schema::Catalog cat(opt.database_url);  // one session for the key and the single flight
-    w.inputs = StageCacheInputs(c.spec, cat.StageInputDigests(c.stage_id), ctx.workdir, c.run_id);
+    auto consumed = cat.StageInputDigests(c.stage_id);
+    w.inputs = StageCacheInputs(c.spec, consumed, ctx.workdir, c.run_id, c.project);
     w.key = Sha256Hex(w.inputs);
+    w.project = c.project;
+    for (const auto& q : cat.TrustedProjects(c.project))
+      w.trusted.emplace_back(
+          q, Sha256Hex(StageCacheInputs(c.spec, consumed, ctx.workdir, c.run_id, q)));
     cat.RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
     w.what = "outputs";
     std::vector<std::string> outputs = c.spec.command.outputs.value_or(std::vector<std::string>{});
@@ -619,7 +664,12 @@ struct Worker::Impl {
       StoredArtifact a;
       if (er.outcome != Outcome::kSucceeded) return std::make_pair(er, a);
       if (c.spec.kind == StageKind::kRun) {
-        a = StoreOutputs(opt.home, w.inputs, ctx.run_dir, outputs);
+        try {
+          a = StoreOutputs(opt.home, w.inputs, ctx.run_dir, outputs);
+        } catch (const OutputRefused& e) {  // what the job wrote, not the worker's fault
+          er.outcome = Outcome::kUserError;
+          er.message = std::string("stage ") + c.spec.name + ": " + e.what();
+        }
       } else {
         // A simulated stage's product is its result; stored so later runs are served it.
         std::string dir = opt.home + "/tmp/result-" + std::to_string(c.stage_id) + "-" +

@@ -512,6 +512,9 @@ BEGIN
                   trnflow.spend_daily, trnflow.spend_by_stage, trnflow.spend_by_run,
                   trnflow.spend_by_instance, trnflow.spot_savings, trnflow.interruption_waste,
                   trnflow.cache_savings, trnflow.gpu_baseline TO %I', r);
+  IF to_regclass('trnflow.cache_trust') IS NOT NULL THEN  -- from migration 0009 on
+    EXECUTE format('GRANT SELECT ON trnflow.cache_trust TO %I', r);
+  END IF;
   EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.submit_run(text, text, text, text, jsonb,
                   float8, bigint, float8, numeric, text, boolean, text[], text[], text[], text[],
                   int[], text[], int[], jsonb[], int[], int[]), trnflow.cancel_run(bigint, text),

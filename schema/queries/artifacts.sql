@@ -2,13 +2,14 @@
 -- Become the builder of a key: when nobody has it, when its builder's attempt is no longer
 -- running (the compiler died), when a run may retry a poisoned failure ($5), or when the
 -- entry was found corrupt ($6 names the digest that failed verification). Returns a row only
--- to the new builder.
-INSERT INTO trnflow.artifacts AS a (cache_key, state, builder_stage, builder_attempt, manifest)
-VALUES ($1, 'building', $2, $3, $4::jsonb)
+-- to the new builder. $7: the builder's project ('' for an engine-produced compiled graph).
+INSERT INTO trnflow.artifacts AS a (cache_key, state, builder_stage, builder_attempt, manifest,
+                                    project)
+VALUES ($1, 'building', $2, $3, $4::jsonb, NULLIF($7, ''))
 ON CONFLICT (cache_key) DO UPDATE
 SET state = 'building', builder_stage = EXCLUDED.builder_stage,
     builder_attempt = EXCLUDED.builder_attempt, manifest = EXCLUDED.manifest, failure = NULL,
-    digest = NULL, bytes = NULL, path = NULL
+    digest = NULL, bytes = NULL, path = NULL, project = EXCLUDED.project
 WHERE (a.state = 'building' AND NOT EXISTS (
          SELECT 1 FROM trnflow.stages s
          WHERE s.id = a.builder_stage AND s.state = 'running' AND s.attempts = a.builder_attempt))
@@ -45,7 +46,8 @@ SELECT cache_key, state, coalesce(digest, ''), coalesce(bytes, 0), coalesce(path
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(builder_stage, 0),
        coalesce((SELECT round(cost_usd * 1000000)::bigint FROM trnflow.attempts
-                 WHERE id = producer_attempt), 0)
+                 WHERE id = producer_attempt), 0),
+       coalesce(project, '')
 FROM trnflow.artifacts
 WHERE $1::text IS NULL OR cache_key = $1
 ORDER BY last_used_at DESC NULLS LAST, cache_key;
@@ -74,3 +76,25 @@ WITH RECURSIVE up(id) AS (
 SELECT s.name, coalesce(s.output_digest, 'attempt:' || s.id || '/' || s.attempts)
 FROM up JOIN trnflow.stages s ON s.id = up.id
 ORDER BY s.name;
+
+-- name: TrustedProjects
+-- The projects whose entries project $1 may be served.
+SELECT trusts FROM trnflow.cache_trust WHERE project = $1 ORDER BY trusts;
+
+-- name: AddCacheTrust
+-- Whether projects $1 and $2 exist, and whether the pair was new (added only when both do).
+WITH known AS (
+  SELECT EXISTS (SELECT 1 FROM trnflow.projects WHERE name = $1) AS has_project,
+         EXISTS (SELECT 1 FROM trnflow.projects WHERE name = $2) AS has_trusts),
+added AS (
+  INSERT INTO trnflow.cache_trust (project, trusts)
+  SELECT $1, $2 FROM known WHERE has_project AND has_trusts
+  ON CONFLICT DO NOTHING
+  RETURNING 1)
+SELECT has_project, has_trusts, EXISTS (SELECT 1 FROM added) FROM known;
+
+-- name: RemoveCacheTrust
+DELETE FROM trnflow.cache_trust WHERE project = $1 AND trusts = $2 RETURNING 1;
+
+-- name: ListCacheTrust
+SELECT project, trusts FROM trnflow.cache_trust ORDER BY project, trusts;
