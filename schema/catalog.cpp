@@ -126,12 +126,18 @@ struct Catalog::Impl {
     return c;
   }
 
-  void Connect() {
+  // Forgets the connection. Receivers go first: they unregister from it as they die.
+  void Drop() {
     receiver.reset();
     cancel_receiver.reset();
     prepared.clear();
     leader_tx.reset();
     leader_conn.reset();
+    conn.reset();
+  }
+
+  void Connect() {
+    Drop();
     try {
       conn = Open();
     } catch (const std::exception& e) {
@@ -169,7 +175,7 @@ struct Catalog::Impl {
     try {
       return body();
     } catch (const pqxx::broken_connection& e) {
-      conn.reset();
+      Drop();
       throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
                                RedactSecrets(e.what(), url));
     } catch (const pqxx::insufficient_privilege& e) {  // libpqxx 6 drops its sqlstate
@@ -178,7 +184,7 @@ struct Catalog::Impl {
       const std::string& state = e.sqlstate();
       // 08: connection exception; 57P: operator intervention (server shutting down).
       if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || !conn || !conn->is_open()) {
-        conn.reset();
+        Drop();
         throw CatalogUnavailable("lost the connection to the catalog at " + RedactUrl(url) + ": " +
                                  RedactSecrets(e.what(), url));
       }

@@ -83,6 +83,10 @@ nlohmann::json Stage(int64_t run, const std::string& name, const std::string& en
 // writes ${{ run.dir }}/data/out.txt; the same command and inputs whatever the project.
 struct TinyPipeline {
   explicit TinyPipeline(const fs::path& dir) : dir(dir) {
+    // The job runs as its project's uid: it may append to the call log and nothing else here.
+    std::ofstream(dir / "calls.log").close();
+    fs::permissions(dir / "calls.log", fs::perms::all & ~fs::perms::others_exec &
+                                           ~fs::perms::group_exec & ~fs::perms::owner_exec);
     std::ofstream(dir / "prep.sh") << "set -e\necho ran >> " << (dir / "calls.log").string()
                                    << "\nmkdir -p \"$1\"\necho 'result 42' > \"$1/out.txt\"\n";
     std::ofstream(file()) << "pipeline: tenancy\nproject: nobody\nstages:\n"
@@ -160,26 +164,28 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
   EXPECT_EQ(c_after["state"], "succeeded") << "trust withdrawn: " << c_after.dump();
   EXPECT_EQ(p.calls(), 3);
 
-  // Row-level security: a project's role sees its own entries and compiled graphs only.
-  // The test's login joins both roles to take them (roles are per server: it leaves them).
-  const std::string me = c.QueryValue("SELECT current_user");
-  for (const std::string project : {"sec-b", "sec-c"})
-    ASSERT_EQ(RunTrnflow("project add " + project + " --member " + me, p.env()).exit_code, 0);
-  EXPECT_EQ(c.QueryValue("SET LOCAL ROLE trnflow_project_sec_b; "
-                         "SELECT count(*) FROM trnflow.artifacts WHERE project IS NOT NULL"),
-            "1");
-  EXPECT_EQ(c.QueryValue("SET LOCAL ROLE trnflow_project_sec_b; "
-                         "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"),
-            "0");
+  // Row-level security: a member of B sees B's entries and compiled graphs only, and whom
+  // its projects trust; a member of C sees C's trust. Logins with random passwords, scoped to
+  // this test's catalog (dropped with it).
+  schema::Catalog admin(TestDatabase::owner_url());
+  auto member_of = [&](const std::string& project) {
+    std::string role = "trnflow_test_" + TestDatabase::database_name() + "_" + project.substr(4);
+    std::string password = schema::RandomSecret();
+    admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
+                     password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
+                     TestDatabase::database_name() + "): member'; SELECT 1");
+    EXPECT_EQ(RunTrnflow("project grant " + project + " " + role + " --read", p.env()).exit_code, 0);
+    return std::make_unique<schema::Catalog>(
+        schema::WithLogin(TestDatabase::url(), role, password));
+  };
+  auto b = member_of("sec-b");
+  auto cm = member_of("sec-c");
+  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project IS NOT NULL"), "1");
+  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"), "0");
   c.QueryValue("INSERT INTO trnflow.cache_trust (project, trusts) VALUES ('sec-c', 'sec-a')");
-  EXPECT_EQ(c.QueryValue("SET LOCAL ROLE trnflow_project_sec_b; "
-                         "SELECT count(*) FROM trnflow.cache_trust"),
-            "0");
-  EXPECT_EQ(c.QueryValue("SET LOCAL ROLE trnflow_project_sec_c; "
-                         "SELECT count(*) FROM trnflow.cache_trust"),
-            "1");
+  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.cache_trust"), "0");
+  EXPECT_EQ(cm->QueryValue("SELECT count(*) FROM trnflow.cache_trust"), "1");
   c.QueryValue("DELETE FROM trnflow.cache_trust WHERE project = 'sec-c' RETURNING 1");
-  c.QueryValue("REVOKE trnflow_project_sec_b, trnflow_project_sec_c FROM \"" + me + "\"");
 }
 
 // An entry whose files were altered after it was stored is never served: it is rebuilt, and
