@@ -55,12 +55,13 @@ int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
         n = std::stoi(p.substr(eq + 1));
       } catch (const std::exception&) {
       }
-    if (eq == std::string::npos || eq == 0 || n <= 0)
-      throw UserError("--pool " + p + ": expected NAME=N with N instances, e.g. --pool trn1=4");
+    if (eq == std::string::npos || eq == 0 || n <= 0 || n > 100000)
+      throw UserError("--pool " + p + ": expected NAME=N with 1 to 100000 instances, e.g. --pool trn1=4");
     o.pools.push_back({p.substr(0, eq), n});
   }
   if (o.pools.empty()) throw UserError("give at least one --pool NAME=N, e.g. --pool cpu=4");
-  OpenCatalog();  // fail fast, exit 3, when the catalog is unusable
+  // Fail fast: exit 3 when the catalog is unusable, 4 when this login is not the daemons'.
+  OpenCatalog()->RequireStageRunner("`trnflow worker`");
   workers::Worker worker(o);
   worker.Start();
   WaitForSignal();
@@ -70,7 +71,7 @@ int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
 }
 
 int CmdScheduler() {
-  OpenCatalog();
+  OpenCatalog()->RequireStageRunner("`trnflow scheduler`");
   scheduler::SchedulerOptions o;
   o.database_url = DatabaseUrl();
   scheduler::Scheduler s(o);

@@ -196,6 +196,7 @@ int CmdRun(const RunArgs& a) {
   if (!pipeline) return kExitBadInput;
   auto pools = PoolsFor(*pipeline, a.pools);
   auto catalog = OpenCatalog();
+  catalog->RequireStageRunner("`trnflow run`");  // before anything is submitted
   int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
   std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
             << " stages, project " << (a.project.empty() ? pipeline->project : a.project)

@@ -247,7 +247,8 @@ int main(int argc, char** argv) {
   auto* worker = app.add_subcommand("worker", "worker daemon: claims and runs stages");
   worker->add_option("--pool", worker_pools, "pool capacity in instances: NAME=N (repeatable)")
       ->required();
-  worker->add_option("--lease", lease_s, "lease length in seconds (default 15)");
+  worker->add_option("--lease", lease_s, "lease length in seconds (default 15)")
+      ->check(FiniteRange(1, 3600));
   SandboxArgs worker_sandbox;
   AddSandboxOptions(worker, worker_sandbox);
 

@@ -70,7 +70,54 @@ struct Scope {
   const std::map<std::string, std::string>* params = nullptr;
   const std::map<std::string, std::string>* matrix = nullptr;  // null outside matrix stages
   std::string stage;
+  // Set for shell text: parameters and matrix values are never pasted into it; each becomes
+  // "${TRNFLOW_PARAM_NAME}" (or TRNFLOW_MATRIX_NAME), its value recorded here for the job's
+  // environment.
+  std::map<std::string, std::string>* shell_env = nullptr;
 };
+
+// Word splitting must not split `${{ params.NAME }}` at its spaces: each expression is
+// replaced by a spaceless marker (\x01 N \x01) and put back into the word it landed in.
+const std::regex& ExpressionPattern() {
+  static const std::regex e(R"(\$\{\{[^}]*\}\})");
+  return e;
+}
+std::string HideExpressions(const std::string& text) {
+  std::string out;
+  int n = 0;
+  auto begin = std::sregex_iterator(text.begin(), text.end(), ExpressionPattern());
+  size_t pos = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it, ++n) {
+    out += text.substr(pos, it->position() - pos) + "\x01" + std::to_string(n) + "\x01";
+    pos = it->position() + it->length();
+  }
+  return out + text.substr(pos);
+}
+std::string ShowExpressions(const std::string& word, const std::string& text) {
+  std::vector<std::string> exprs;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), ExpressionPattern());
+       it != std::sregex_iterator(); ++it)
+    exprs.push_back(it->str());
+  std::string out;
+  for (size_t i = 0; i < word.size(); ++i) {
+    size_t end = word[i] == '\x01' ? word.find('\x01', i + 1) : std::string::npos;
+    if (end == std::string::npos) {
+      out += word[i];
+      continue;
+    }
+    size_t k = std::stoul(word.substr(i + 1, end - i - 1));
+    out += k < exprs.size() ? exprs[k] : "";
+    i = end;
+  }
+  return out;
+}
+
+// The environment variable a parameter or matrix value reaches a shell command as.
+std::string ShellVariable(const std::string& prefix, const std::string& name) {
+  std::string v = prefix;
+  for (char c : name) v += std::isalnum(static_cast<unsigned char>(c)) ? std::toupper(c) : '_';
+  return v;
+}
 
 const std::vector<std::string> kRootKeys = {"pipeline",   "project",    "description", "params",
                                             "budget_usd", "simulation", "defaults",    "stages"};
@@ -223,6 +270,10 @@ std::optional<std::string> Parser::Interpolate(const std::string& text, Loc loc,
         diags_.Error(at, "unknown parameter '" + name + "' in ${{ " + expr + " }}",
                      hint.empty() ? "declare it under params: at the top of the file" : hint);
         ok = false;
+      } else if (scope.shell_env) {
+        std::string var = ShellVariable("TRNFLOW_PARAM_", name);
+        (*scope.shell_env)[var] = it->second;
+        out += "\"${" + var + "}\"";
       } else {
         out += it->second;
       }
@@ -238,6 +289,10 @@ std::optional<std::string> Parser::Interpolate(const std::string& text, Loc loc,
         diags_.Error(at, "unknown matrix key '" + name + "'",
                      hint.empty() ? "the matrix has: " + Join(names, ", ") : hint);
         ok = false;
+      } else if (scope.shell_env) {
+        std::string var = ShellVariable("TRNFLOW_MATRIX_", name);
+        (*scope.shell_env)[var] = it->second;
+        out += "\"${" + var + "}\"";
       } else {
         out += it->second;
       }
@@ -821,24 +876,35 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       if (run.size() == 0)
         diags_.Error(At(run), "run: is an empty list", "name the program to run");
     } else if (run.IsScalar()) {
-      if (auto v = Text(run, "run", scope)) {
-        if (shell) {
+      // A parameter's value is data, never code: in shell text it is a quoted variable, and a
+      // command without a shell is split into words before values are put into them.
+      if (shell) {
+        Scope quoted = scope;
+        std::map<std::string, std::string> values;
+        quoted.shell_env = &values;
+        if (auto v = Text(run, "run", quoted)) {
           st.spec.command.argv = {*v};
           st.spec.command.shell = true;
-        } else if (auto words = SplitWords(*v); !words) {
-          diags_.Error(At(run), "unbalanced quote in run: command");
-        } else if (words->empty()) {
-          diags_.Error(At(run), "run: is empty", "name the program to run");
-        } else if (std::string bare = std::regex_replace(*v, std::regex(R"(\$\{\{[^}]*\}\})"), "");
-                   bare.find_first_of("|&;<>`$*?") != std::string::npos) {
-          char c = bare[bare.find_first_of("|&;<>`$*?")];
-          diags_.Error(
-              At(run),
-              std::string("run: uses the shell character '") + c + "' but runs without a shell",
-              "add shell: true to run it under /bin/sh, or write the command as a list");
-        } else {
-          st.spec.command.argv = *words;
+          for (auto& [k, val] : values) st.spec.command.env.emplace(k, val);
         }
+      } else if (!Text(run, "run", scope)) {
+        // the expression's error is reported; nothing to split
+      } else if (auto words = SplitWords(HideExpressions(run.Scalar())); !words) {
+        diags_.Error(At(run), "unbalanced quote in run: command");
+      } else if (words->empty()) {
+        diags_.Error(At(run), "run: is empty", "name the program to run");
+      } else if (std::string bare =
+                     std::regex_replace(run.Scalar(), std::regex(R"(\$\{\{[^}]*\}\})"), "");
+                 bare.find_first_of("|&;<>`$*?") != std::string::npos) {
+        char c = bare[bare.find_first_of("|&;<>`$*?")];
+        diags_.Error(
+            At(run),
+            std::string("run: uses the shell character '") + c + "' but runs without a shell",
+            "add shell: true to run it under /bin/sh, or write the command as a list");
+      } else {
+        for (const auto& w : *words)
+          if (auto v = Interpolate(ShowExpressions(w, run.Scalar()), At(run), scope))
+            st.spec.command.argv.push_back(*v);
       }
     } else {
       diags_.Error(At(run, name_loc), "run: must be a command: a list of arguments or a string",

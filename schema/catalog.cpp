@@ -945,6 +945,18 @@ std::string Catalog::AddProject(const std::string& name, const std::vector<std::
   });
 }
 
+void Catalog::RequireStageRunner(const std::string& what) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::row r = impl_->Exec(tx, "CanRunStages")[0];
+    if (r[0].as<bool>()) return;
+    throw PermissionDenied("permission denied: " + what + " claims and runs stages, which takes "
+                           "the daemons' login; " + r[1].as<std::string>() +
+                           " is not it.\nhint: `trnflow submit` the pipeline and let the site's "
+                           "workers run it, or run as the daemons' user (/etc/trnflow/daemon.url)");
+  });
+}
+
 std::string Catalog::GrantProject(const std::string& project, const std::string& role,
                                   bool write) {
   return impl_->Guard([&] {

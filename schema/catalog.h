@@ -357,6 +357,9 @@ class Catalog {
   // grants it to each member login role. Returns the group role. UserError for a bad name or
   // a member role that does not exist.
   std::string AddProject(const std::string& name, const std::vector<std::string>& members);
+  // Throws PermissionDenied unless this login may claim and run stages (the daemons' role or
+  // the schema owner); `what` names the command that needs it.
+  void RequireStageRunner(const std::string& what);
   // Gives `role` read (or read and write) access to `project`; returns the group role granted.
   // Schema owner only. Throws UserError for an unknown or privileged role.
   std::string GrantProject(const std::string& project, const std::string& role, bool write);

@@ -105,6 +105,29 @@ TEST(Parser, ParamOverridesStayTyped) {
   EXPECT_NE(OnlyError(unknown).find("did you mean 'tokens'?"), std::string::npos);
 }
 
+// A parameter's value is data: it never becomes shell code or extra arguments.
+TEST(Parser, ParamsNeverBecomeCode) {
+  const std::string text =
+      "pipeline: x\nproject: lab\nparams: {name: \"a b; rm -rf /\"}\nstages:\n"
+      "  plain:\n    run: \"echo hello ${{ params.name }}\"\n"
+      "  listed:\n    run: [\"echo\", \"${{ params.name }}\"]\n"
+      "  shelled:\n    run: \"echo ${{ params.name }} | tr a-z A-Z\"\n    shell: true\n";
+  auto r = Parse(text);
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  std::map<std::string, CommandSpec> cmd;
+  for (const auto& s : r.pipeline->stages) cmd[s.spec.name] = s.spec.command;
+  EXPECT_EQ(cmd["plain"].argv, (std::vector<std::string>{"echo", "hello", "a b; rm -rf /"}));
+  EXPECT_EQ(cmd["listed"].argv, (std::vector<std::string>{"echo", "a b; rm -rf /"}));
+  ASSERT_EQ(cmd["shelled"].argv.size(), 1u);
+  EXPECT_EQ(cmd["shelled"].argv[0], "echo \"${TRNFLOW_PARAM_NAME}\" | tr a-z A-Z");
+  EXPECT_EQ(cmd["shelled"].env.at("TRNFLOW_PARAM_NAME"), "a b; rm -rf /");
+  // Overridden from the command line, the same.
+  auto o = Parse(text, {{{"name", "$(id)"}}, ""});
+  ASSERT_TRUE(o.pipeline) << o.diagnostics.Format();
+  for (const auto& s : o.pipeline->stages)
+    if (s.spec.name == "shelled") EXPECT_EQ(s.spec.command.env.at("TRNFLOW_PARAM_NAME"), "$(id)");
+}
+
 TEST(Parser, CountsTakeSizeSuffixes) {
   auto r = Parse(kSmall, {{{"tokens", "1.5T"}}, ""});
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();

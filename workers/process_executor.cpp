@@ -225,10 +225,16 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
 
   // Wait, while watching for a stop request, the timeout and the spot market: SIGTERM first,
   // SIGKILL after the grace period (or when the instance is gone).
-  bool timed_out = false, noticed = false, reclaimed = false;
+  // At its spend cap the job is killed at once: its budget is gone, so there is no grace.
+  bool timed_out = false, noticed = false, reclaimed = false, capped = false;
   double term_sent_at = -1;
   while (child.running(ec)) {
     double now = wall(), sim_now = now * ctx.speed;
+    if (sim_now >= ctx.spend_cap_s) {
+      capped = true;
+      SignalJob(child.id(), SIGKILL);
+      break;
+    }
     bool stop = ctx.stop_reason() != StopReason::kNone;
     timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s);
     noticed = noticed || sim_now >= notice_at;
@@ -241,14 +247,17 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
       SignalJob(child.id(), SIGKILL);
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Wake at the cap itself, however fast the run's clock goes.
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        std::clamp((ctx.spend_cap_s - sim_now) / ctx.speed, 0.0, 0.01)));
   }
   child.wait(ec);
   // Whatever the job left running goes with it; then the output pipe closes for the reader.
   // (The group only: the job's own pid is reaped and may belong to someone else by now.)
   ::kill(-child.id(), SIGKILL);
   reader.join();
-  r.sim_seconds = wall() * ctx.speed;
+  // The run's clock stops at the cap: the instance is gone then, whatever the poll's delay.
+  r.sim_seconds = std::min(wall() * ctx.speed, ctx.spend_cap_s);
   int status = child.native_exit_code();
   if (!setup_error.empty()) {
     r.outcome = Outcome::kInfraError;
@@ -269,6 +278,16 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     r.lost_fraction = worked > 0 ? std::clamp((progress - checkpointed) / worked, 0.0, 1.0) : 1.0;
   };
 
+  if (capped) {
+    r.outcome = Outcome::kBudgetExceeded;
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "killed at its spend cap after %.2f simulated hours: the budget is spent",
+                  r.sim_seconds / 3600);
+    r.message = buf;
+    partial();
+    return r;
+  }
   if (ctx.stop_reason() != StopReason::kNone) {
     r.outcome = Outcome::kCancelled;
     r.message = "stopped";

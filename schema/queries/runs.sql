@@ -170,3 +170,10 @@ JOIN trnflow.runs ru ON ru.id = n.run_id
 JOIN trnflow.pipelines p ON p.id = ru.pipeline_id
 WHERE n.outcome IS NOT NULL
 GROUP BY 1, 2, 3, 4, 5, 6, 7;
+
+-- name: CanRunStages
+-- Whether this login may claim and run stages: the daemons' role (or the schema owner).
+SELECT trnflow.has_role(session_user, trnflow.daemon_role())
+       OR session_user = (SELECT tableowner FROM pg_tables
+                          WHERE schemaname = 'trnflow' AND tablename = 'runs'),
+       session_user;
