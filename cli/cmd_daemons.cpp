@@ -33,6 +33,7 @@ int CmdDbMigrate() {
 
 void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
   o.sandbox = !args.no_sandbox && workers::SandboxRequestedByEnvironment();
+  if (const char* dir = std::getenv("TRNFLOW_SECRETS_DIR"); dir && *dir) o.secrets_dir = dir;
   if (const char* env = std::getenv("TRNFLOW_JOB_LIMITS"))
     if (std::string e = workers::ParseJobLimits(env, o.job_limits); !e.empty())
       throw UserError("TRNFLOW_JOB_LIMITS: " + e);

@@ -79,6 +79,7 @@ std::string ToJson(const StageSpec& s) {
        {{"argv", s.command.argv},
         {"shell", s.command.shell},
         {"env", s.command.env},
+        {"secrets", s.command.secrets},
         {"outputs", s.command.outputs ? nlohmann::json(*s.command.outputs) : nullptr}}},
       {"workload",
        s.workload_json.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(s.workload_json)},
@@ -113,6 +114,7 @@ StageSpec StageSpecFromJson(std::string_view text) {
     s.command.argv = c.at("argv").get<std::vector<std::string>>();
     s.command.shell = c.at("shell").get<bool>();
     s.command.env = c.at("env").get<std::map<std::string, std::string>>();
+    if (c.contains("secrets")) s.command.secrets = c.at("secrets").get<std::vector<std::string>>();
     if (c.contains("outputs") && !c.at("outputs").is_null())
       s.command.outputs = c.at("outputs").get<std::vector<std::string>>();
     if (!j.at("workload").is_null()) s.workload_json = j.at("workload").dump();

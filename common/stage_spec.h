@@ -74,6 +74,9 @@ struct CommandSpec {
   std::vector<std::string> argv;  // for shell: {"<script>"}, run under /bin/sh -c
   bool shell = false;
   std::map<std::string, std::string> env;
+  // Secrets by name only: the worker resolves their values on its own host when the stage runs
+  // (never stored in the catalog) and masks them in the captured output.
+  std::vector<std::string> secrets;
   // What the command writes, as paths under `${{ run.dir }}/` (relative to it here): hashed
   // into the stage's output digest, stored by the cache and restored on a hit. Absent: the
   // stage declared nothing (its outputs are unknown); empty: it writes nothing.

@@ -127,7 +127,7 @@ const std::vector<std::string> kCommonStageKeys = {"kind",   "needs", "instance"
 const std::vector<std::string> kDefaultsKeys = {"instance",   "count",   "market", "retry",
                                                 "checkpoint", "timeout", "cache",  "env"};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
-    {StageKind::kRun, {"run", "shell", "outputs"}},
+    {StageKind::kRun, {"run", "shell", "outputs", "secrets"}},
     {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
     {StageKind::kCompile,
      {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
@@ -172,6 +172,7 @@ class Parser {
   void ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out);
   void ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out);
   void ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st);
+  void ParseSecrets(const YAML::Node& n, Stage* st);
   void ResolveNeeds();
   void InheritModels();
 
@@ -575,6 +576,43 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
 // outputs: the paths a run: stage writes, each under ${{ run.dir }}/ (kept relative to it). A
 // cached stage that writes into the run's directory must say what it writes: a hit has to
 // restore it, and a key over the command alone cannot tell one run's files from another's.
+// `secrets: [NAME, ...]`: names only, resolved by the worker. An env: value under a name that
+// looks like a credential is stored in the catalog for every project member to read: warn.
+void Parser::ParseSecrets(const YAML::Node& n, Stage* st) {
+  static const std::regex name(R"([A-Z_][A-Z0-9_]{0,127})");
+  static const std::regex looks_secret(R"((^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_))");
+  if (const YAML::Node& e = n["env"]; e && e.IsMap())
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      std::string key = it->first.Scalar();
+      std::string upper = key;
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (std::regex_search(upper, looks_secret) && it->second.IsScalar() &&
+          !it->second.Scalar().empty())
+        diags_.Warning(At(it->first),
+                       "env." + key + " looks like a credential; env: values are stored in the "
+                       "catalog and shown to the project's members",
+                       "declare it as a secret instead: secrets: [" + key +
+                           "] (resolved on the worker host, never stored)");
+    }
+  const YAML::Node& sec = n["secrets"];
+  if (!sec) return;
+  if (!sec.IsSequence()) {
+    diags_.Error(At(sec), "secrets must be a list of names", "e.g. secrets: [HF_TOKEN]");
+    return;
+  }
+  for (const auto& x : sec) {
+    if (!x.IsScalar() || !std::regex_match(x.Scalar(), name)) {
+      diags_.Error(At(x), "a secret is named like an environment variable: A-Z, 0-9 and _",
+                   "e.g. secrets: [HF_TOKEN]; its value comes from the worker host");
+      continue;
+    }
+    if (st->spec.command.env.count(x.Scalar()))
+      diags_.Error(At(x), "'" + x.Scalar() + "' is both in env: and in secrets:",
+                   "keep it in secrets: only");
+    st->spec.command.secrets.push_back(x.Scalar());
+  }
+}
+
 void Parser::ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st) {
   const std::string prefix = "${{ run.dir }}/";
   if (const YAML::Node& o = n["outputs"]) {
@@ -911,6 +949,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
                    "e.g. run: [\"bash\", \"script.sh\"]");
     }
     ParseOutputs(n, name_loc, scope, &st);
+    ParseSecrets(n, &st);
     p_.stages.push_back(std::move(st));
     return;
   }

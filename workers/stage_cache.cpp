@@ -49,6 +49,7 @@ std::string StageCacheInputs(const StageSpec& spec,
     parameters = {{"command", spec.command.argv},
                   {"shell", spec.command.shell},
                   {"env", spec.command.env},
+                  {"secrets", spec.command.secrets},  // names: values never reach the catalog
                   {"outputs", spec.command.outputs ? nlohmann::json(*spec.command.outputs)
                                                    : nlohmann::json::array()},
                   {"files", NamedFiles(spec.command, workdir)}};

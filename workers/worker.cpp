@@ -2,6 +2,7 @@
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -82,6 +83,38 @@ Money BaselineCost(const schema::ClaimedStage& c, const ExecResult& er, Money co
   } catch (const std::exception&) {
     return cost;
   }
+}
+
+// A stage's secrets, by name, from the project's file on this host or, for site-wide ones,
+// this process's TRNFLOW_SECRET_<NAME>. Returns the names it could not find, or throws when
+// the file is readable by others (a secret anyone on the host could read is no secret).
+std::vector<std::string> ResolveSecrets(const std::string& dir, const std::string& project,
+                                        const std::vector<std::string>& names,
+                                        std::map<std::string, std::string>* values) {
+  std::map<std::string, std::string> file;
+  std::string path = dir + "/" + project + ".env";
+  struct stat st {};
+  if (!names.empty() && ::stat(path.c_str(), &st) == 0) {
+    if (st.st_mode & 077)
+      throw std::runtime_error("secrets file " + path + " is readable by others (mode " +
+                               std::to_string(st.st_mode & 0777) + "); chmod 600 it");
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#' || line.find('=') == std::string::npos) continue;
+      file[line.substr(0, line.find('='))] = line.substr(line.find('=') + 1);
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& n : names) {
+    if (auto it = file.find(n); it != file.end()) {
+      (*values)[n] = it->second;
+    } else if (const char* v = std::getenv(("TRNFLOW_SECRET_" + n).c_str())) {
+      (*values)[n] = v;
+    } else {
+      missing.push_back(n);
+    }
+  }
+  return missing;
 }
 
 struct Running {
@@ -438,7 +471,15 @@ struct Worker::Impl {
     };
     ExecResult er;
     try {
-      if (c.spend_cap_s < 60) {
+      std::vector<std::string> missing =
+          ResolveSecrets(opt.secrets_dir, c.project, c.spec.command.secrets, &ctx.secrets);
+      if (!missing.empty()) {
+        er.outcome = Outcome::kUserError;
+        er.ran_instance = false;
+        er.message = "secret " + missing.front() + " is not set for project " + c.project +
+                     " on this worker (" + name + "): add it to " + opt.secrets_dir + "/" +
+                     c.project + ".env";
+      } else if (c.spend_cap_s < 60) {
         er.outcome = Outcome::kBudgetExceeded;
         er.ran_instance = false;
         er.progress_to = c.progress;

@@ -42,6 +42,9 @@ struct WorkerOptions {
   bool sandbox = true;
   int64_t job_uid_base = 200000;  // uid and gid of a project without a job uid of its own
   JobLimits job_limits;           // rlimits and output cap of every command
+  // Where a stage's `secrets:` come from: <secrets_dir>/<project>.env (KEY=VALUE lines, a file
+  // only this worker's user may read), else this process's TRNFLOW_SECRET_<NAME> (site-wide).
+  std::string secrets_dir = "/etc/trnflow/secrets";
   // Benchmarks only: called at the start of every attempt instead of its executor, with the
   // stage's id; true means the attempt succeeded at once (a no-op stage, as job-queue
   // benchmarks use no-op handlers). Everything else (claim, ledger, release) is as always.

@@ -475,8 +475,8 @@ BEGIN
   END LOOP;
 END $$;
 
--- Members: read their projects (RLS), the hardware catalog and the views; write through the
--- functions. Nothing else: not the leader lock, the migrations table or the settings.
+-- Members: read their projects (RLS), the hardware catalog, the views and the schema version;
+-- write through the functions. Not the leader or migration locks, nor the catalog's id.
 CREATE OR REPLACE FUNCTION trnflow.add_project(p text, members text[]) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE m text;
@@ -508,6 +508,7 @@ BEGIN
                   trnflow.spend_rollup, trnflow.budgets, trnflow.run_budget_notices,
                   trnflow.schedules, trnflow.schedule_fires, trnflow.workers, trnflow.artifacts,
                   trnflow.instance_types, trnflow.prices, trnflow.settings,
+                  trnflow.schema_migrations,
                   trnflow.attempt_ledger, trnflow.stage_status, trnflow.run_status,
                   trnflow.spend_daily, trnflow.spend_by_stage, trnflow.spend_by_run,
                   trnflow.spend_by_instance, trnflow.spot_savings, trnflow.interruption_waste,
@@ -578,7 +579,7 @@ BEGIN
   EXECUTE format('GRANT SELECT (id, stage_id, run_id, attempt, worker_name, instance_type, instance_count, market,
                   price_usd_hour, on_demand_price_usd_hour, started_at, finished_at, sim_seconds,
                   billed_seconds, outcome, cost_usd, wasted_usd, saved_usd, baseline_usd) ON trnflow.attempts TO %I', r);
-  EXECUTE format('GRANT SELECT ON trnflow.spend_rollup, trnflow.budgets TO %I', r);
+  EXECUTE format('GRANT SELECT ON trnflow.spend_rollup, trnflow.budgets, trnflow.schema_migrations TO %I', r);
   EXECUTE format('GRANT SELECT ON trnflow.attempt_ledger, trnflow.stage_status, trnflow.run_status,
                   trnflow.spend_daily, trnflow.spend_by_stage, trnflow.spend_by_run,
                   trnflow.spend_by_instance, trnflow.spot_savings, trnflow.interruption_waste,
