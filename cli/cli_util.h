@@ -16,7 +16,7 @@ namespace trnflow::cli {
 inline constexpr double kDefaultSpeed = 7200;  // two simulated hours per wall second
 inline constexpr int64_t kDefaultSeed = 7;
 
-// The job sandbox's switches, shared by `run` and `worker` (docs/security-sandbox.md).
+// The job sandbox's switches, shared by `run` and `worker` (docs/security.md).
 struct SandboxArgs {
   bool no_sandbox = false;  // or TRNFLOW_SANDBOX=off
   std::string job_limits;   // as=16G,nproc=1024,... over TRNFLOW_JOB_LIMITS and the defaults

@@ -134,7 +134,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   if (ctx.identity.switch_user && !CanSwitchUser()) {
     r.outcome = Outcome::kInfraError;
     r.message = "this worker cannot switch to the job's uid " + std::to_string(ctx.identity.uid) +
-                ": run it as root or with CAP_SETUID and CAP_SETGID (docs/security-sandbox.md)";
+                ": run it as root or with CAP_SETUID and CAP_SETGID (docs/security.md)";
     return r;
   }
 

@@ -252,7 +252,7 @@ SandboxDecision DecideSandbox(bool requested, bool can_switch_user) {
         "the job sandbox needs a worker that can switch users: run `trnflow worker` as root "
         "(or with CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL and CAP_DAC_OVERRIDE); to run "
         "jobs unsandboxed as your own user on a machine only you use, pass --no-sandbox or "
-        "set TRNFLOW_SANDBOX=off (see docs/security-sandbox.md)";
+        "set TRNFLOW_SANDBOX=off (see docs/security.md)";
   }
   return d;
 }

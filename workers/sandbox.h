@@ -1,5 +1,5 @@
 #pragma once
-// The sandbox every executor that runs user code puts a job in (docs/security-sandbox.md).
+// The sandbox every executor that runs user code puts a job in (docs/security.md).
 // Workers are shared by tenants who must not see or disturb each other, so a job gets:
 //   - a clean environment: a fixed PATH, a private HOME/TMPDIR, its declared env:, its
 //     secrets and the documented TRNFLOW_* variables; nothing of the worker's own;
@@ -32,7 +32,7 @@ struct JobIdentity {
   gid_t gid = 0;
 };
 
-// Per-attempt limits; each default is documented in docs/security-sandbox.md.
+// Per-attempt limits; each default is documented in docs/security.md.
 struct JobLimits {
   uint64_t address_space = 16ULL << 30;  // RLIMIT_AS, bytes
   uint64_t processes = 1024;             // RLIMIT_NPROC: counts every process of the uid

@@ -37,7 +37,7 @@ struct WorkerOptions {
   double shutdown_grace_s = 10;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
-  // Run commands as their project's uid, in private directories (docs/security-sandbox.md).
+  // Run commands as their project's uid, in private directories (docs/security.md).
   // false: --no-sandbox / TRNFLOW_SANDBOX=off, jobs run as this process.
   bool sandbox = true;
   int64_t job_uid_base = 200000;  // uid and gid of a project without a job uid of its own
