@@ -266,9 +266,10 @@ class Catalog {
   // --- schema -----------------------------------------------------------------------------
   // The newest migration compiled into this binary.
   static int BinarySchemaVersion();
-  // Applies pending migrations under an advisory lock (safe to run concurrently), then loads
-  // the hardware catalog's instance types and prices (a changed price adds a row). Throws
-  // CatalogUnavailable if the catalog is newer than this binary.
+  // Applies pending migrations under an EXCLUSIVE lock on trnflow.migration_lock (safe to run
+  // concurrently; schema owner only), then loads the hardware catalog's instance types and
+  // prices (a changed price adds a row). Throws CatalogUnavailable if the catalog is newer than
+  // this binary, PermissionDenied for a login that is not the owner.
   MigrateReport Migrate(const sim::Catalog& hardware);
   // Throws CatalogUnavailable saying what to run when the schema is not this binary's.
   void RequireCurrentSchema();
@@ -300,7 +301,8 @@ class Catalog {
   std::vector<LeaseKey> CompleteAttempts(const std::vector<AttemptResult>& results);
 
   // --- scheduler --------------------------------------------------------------------------
-  // Takes or confirms leadership: a session advisory lock held by this connection.
+  // Takes or confirms leadership: an EXCLUSIVE lock on trnflow.leader_lock, held by an open
+  // transaction on a connection of its own (daemons only: members cannot lock the table).
   bool TryAcquireLeadership();
   int PromoteRetries();
   // Ends expired leases: `decide` turns each into the result to record (outcome lost).
