@@ -24,6 +24,12 @@ inline std::string AdminUrl() {
   return url && *url ? url : AdminDatabaseUrl();
 }
 
+// Drops a benchmark's database and the roles its catalog made (the daemon's, the reader's).
+inline void DropBenchDatabase(const std::string& name) {
+  schema::DropDatabase(AdminUrl(), name);
+  schema::DropCatalogRoles(AdminUrl(), name);
+}
+
 // `--name value` pairs from the command line.
 class Flags {
  public:
@@ -86,10 +92,10 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
       R"("max_interruptions":6,"then":"on-demand"},"checkpoint":{"every_s":0,"on_notice":false},)"
       R"("timeout_s":0,"cache":false})";
   c.QueryValue(
-      "INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, instance_count, "
-      "market, state, spec, ready_at, attempts, finished_at) "
+      "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
+      "instance_count, market, state, spec, ready_at, attempts, finished_at) "
       "SELECT " +
-      run + ", 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
+      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
       "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
       " FROM generate_series(1, " + std::to_string(n) + ") g RETURNING 1");
   if (with_attempts)

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   if (std::getenv("TRNFLOW_BENCH_KEEP_DB"))
     std::fprintf(out, "kept database %s\n", name.c_str());
   else
-    schema::DropDatabase(AdminUrl(), name);
+    DropBenchDatabase(name);
   if (json)
     std::printf(
         "{\"system\":\"trnflow\",\"workload\":\"claim_history\",\"history\":%lld,"

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     }
   }
   std::remove(file.c_str());
-  schema::DropDatabase(AdminUrl(), name);
+  DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"dag\",\"shape\":\"%s\",\"stages\":%d,"
       "\"edges\":%d,\"processes\":%d,\"submit_seconds\":%.3f,\"seconds\":%.3f,\"per_s\":%.0f}\n",

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  schema::DropDatabase(AdminUrl(), name);
+  DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"drain\",\"jobs\":%lld,\"processes\":%d,"
       "\"capacity\":%d,\"seconds\":%.3f,\"per_s\":%.0f}\n",

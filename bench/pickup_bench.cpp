@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       latencies.push_back((started[i] - committed[i]) / 1e6);
     }
   }
-  schema::DropDatabase(AdminUrl(), name);
+  DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"pickup\",\"jobs\":%zu,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"max_ms\":%.3f}\n",

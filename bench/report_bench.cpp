@@ -44,9 +44,9 @@ int main(int argc, char** argv) {
         "FROM generate_series(1, " +
         std::to_string(runs) + ") g RETURNING 1");
     c.QueryValue(
-        "INSERT INTO trnflow.stages (run_id, name, kind, pool, instance_type, "
+        "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
         "instance_count, market, state, spec, attempts) "
-        "SELECT r.id, 's' || k, CASE WHEN k % 10 = 0 THEN 'train' ELSE 'compile' END, "
+        "SELECT r.id, r.project, 's' || k, CASE WHEN k % 10 = 0 THEN 'train' ELSE 'compile' END, "
         "'trn1', 'trn1.2xlarge', 1, CASE WHEN k % 2 = 0 THEN 'spot' ELSE 'on-demand' END, "
         "'succeeded', '{}'::jsonb, 1 FROM trnflow.runs r, generate_series(1, " +
         std::to_string(stages_per_run) + ") k RETURNING 1");
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
              "(SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE project = 'lab')")
             .c_str());
   }
-  schema::DropDatabase(AdminUrl(), name);
+  DropBenchDatabase(name);
   if (json)
     std::printf(
         "{\"system\":\"trnflow\",\"workload\":\"report\",\"attempts\":%lld,"

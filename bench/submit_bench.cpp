@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     insert_s = Ms(Clock::now() - t0) / 1000;
   }
   std::remove(file.c_str());
-  schema::DropDatabase(AdminUrl(), name);
+  DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"submit\",\"jobs\":%d,\"seconds\":%.3f,"
       "\"per_s\":%.0f,\"parse_validate_s\":%.3f,\"plan_s\":%.3f,\"insert_s\":%.3f}\n",
