@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/bytes.h"
 #include "common/duration.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -148,7 +149,7 @@ int CmdCacheVerify() {
   return kExitOk;
 }
 
-int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool dry_run) {
   if (max_bytes.empty() == older_than.empty())
     throw UserError("give one of --max-bytes N or --older-than D (e.g. 30d)");
   auto catalog = OpenCatalog();
@@ -162,11 +163,11 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
   int64_t limit = -1;
   std::string cutoff;
   if (!max_bytes.empty()) {
-    try {
-      limit = std::stoll(max_bytes);
-    } catch (const std::exception&) {
-    }
-    if (limit < 0) throw UserError("--max-bytes " + max_bytes + ": expected a number of bytes");
+    auto bytes = ParseBytes(max_bytes);
+    if (!bytes || *bytes > static_cast<uint64_t>(INT64_MAX))
+      throw UserError("--max-bytes " + max_bytes +
+                      ": expected a size like 500000000, 500MB, 1GB or 1GiB (nothing was removed)");
+    limit = static_cast<int64_t>(*bytes);
   } else {
     auto age = ParseDuration(older_than);
     if (!age)
@@ -187,6 +188,13 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
       total -= a.bytes;
       continue;
     }
+    if (dry_run) {
+      total -= a.bytes;
+      ++removed;
+      std::cout << "would remove " << a.key.substr(0, 12) << " (" << Bytes(a.bytes)
+                << ", last used " << a.last_used_at << ")\n";
+      continue;
+    }
     if (auto path = catalog->DeleteArtifact(a.key)) {
       workers::RemoveArtifact(HomeDir(), *path);
       total -= a.bytes;
@@ -194,7 +202,11 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than) {
       std::cout << "removed " << a.key.substr(0, 12) << " (last used " << a.last_used_at << ")\n";
     }
   }
-  std::cout << removed << " entries removed; the cache holds " << Bytes(total) << "\n";
+  if (dry_run)
+    std::cout << removed << " entries would be removed (dry run: nothing was); the cache would "
+              << "hold " << Bytes(total) << "\n";
+  else
+    std::cout << removed << " entries removed; the cache holds " << Bytes(total) << "\n";
   return kExitOk;
 }
 

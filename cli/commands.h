@@ -50,7 +50,7 @@ int CmdCacheList();
 int CmdCacheShow(const std::string& key);
 int CmdCacheRemove(const std::string& key);
 int CmdCacheVerify();
-int CmdCacheGc(const std::string& max_bytes, const std::string& older_than);
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool dry_run);
 int CmdCacheWhy(const std::string& run, const std::string& stage);
 // `cache trust PROJECT TRUSTED` / `cache untrust ...`; with `list`, the pairs instead.
 int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list);

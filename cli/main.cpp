@@ -220,7 +220,11 @@ int main(int argc, char** argv) {
   cache_rm->add_option("KEY", cache_key, "key (or its first characters)")->required();
   auto* cache_verify = cache->add_subcommand("verify", "re-hash every entry; drop corrupt ones");
   auto* cache_gc = cache->add_subcommand("gc", "remove least recently used entries");
-  cache_gc->add_option("--max-bytes", gc_max_bytes, "keep at most this many bytes");
+  cache_gc->add_option("--max-bytes", gc_max_bytes,
+                       "keep at most this much: bytes, or 500MB, 1GB (powers of 1000), 1G, 1GiB "
+                       "(powers of 1024)");
+  bool gc_dry_run = false;
+  cache_gc->add_flag("--dry-run", gc_dry_run, "say what would be removed; remove nothing");
   cache_gc->add_option("--older-than", gc_older_than, "remove entries unused for this long (30d)");
   std::string trust_project, trust_trusted;
   bool trust_list = false;
@@ -286,7 +290,7 @@ int main(int argc, char** argv) {
     if (cache_show->parsed()) return CmdCacheShow(cache_key);
     if (cache_rm->parsed()) return CmdCacheRemove(cache_key);
     if (cache_verify->parsed()) return CmdCacheVerify();
-    if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than);
+    if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than, gc_dry_run);
     if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage);
     if (cache_trust->parsed())
       return CmdCacheTrust(trust_project, trust_trusted, true,

@@ -174,8 +174,19 @@ TEST(Cli, NightlyPrecompileMakesTheClimateCompilesCacheHits) {
       ++cached;
     }
   EXPECT_EQ(cached, 6);
-  // gc keeps the most recently used entries: the six climate graphs were just used.
-  Result gc = Trnflow("cache gc --max-bytes 700000", home);
+  // A size gc cannot read removes nothing; --dry-run says what it would remove and removes it
+  // not; then gc keeps the most recently used entries: the six climate graphs were just used.
+  std::string listed = Trnflow("cache ls", home).out;
+  Result unreadable = Trnflow("cache gc --max-bytes 1XB", home);
+  EXPECT_EQ(unreadable.exit_code, 2) << unreadable.out;
+  EXPECT_NE(unreadable.err.find("nothing was removed"), std::string::npos) << unreadable.err;
+  Result dry = Trnflow("cache gc --max-bytes 0.7MB --dry-run", home);
+  EXPECT_EQ(dry.exit_code, 2) << "a fraction is not read as 0";
+  dry = Trnflow("cache gc --max-bytes 700KB --dry-run", home);
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("would remove"), std::string::npos) << dry.out;
+  EXPECT_EQ(Trnflow("cache ls", home).out, listed) << "a dry run removed something";
+  Result gc = Trnflow("cache gc --max-bytes 700KB", home);
   EXPECT_EQ(gc.exit_code, 0) << gc.err;
   Result after = Trnflow("cache ls", home);
   EXPECT_NE(after.out.find("6 entries"), std::string::npos) << gc.out << after.out;

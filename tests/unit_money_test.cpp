@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "common/bytes.h"
 #include "common/duration.h"
 #include "common/env.h"
 #include "common/money.h"
@@ -72,4 +73,19 @@ TEST(Env, RedactsPasswords) {
   EXPECT_EQ(RedactUrl("postgresql://localhost/trnflow"), "postgresql://localhost/trnflow");
 }
 
+}  // namespace trnflow
+
+namespace trnflow {
+// `cache gc --max-bytes 1GB` once read "1" and emptied the cache: a size is read whole or not.
+TEST(Bytes, SizesAreReadWholeOrRefused) {
+  EXPECT_EQ(ParseBytes("1024"), 1024u);
+  EXPECT_EQ(ParseBytes("1GB"), 1000000000u);
+  EXPECT_EQ(ParseBytes("1G"), 1ULL << 30);
+  EXPECT_EQ(ParseBytes("2GiB"), 2ULL << 30);
+  EXPECT_EQ(ParseBytes("500MB"), 500000000u);
+  EXPECT_EQ(ParseBytes("64K"), 65536u);
+  for (const char* bad : {"", "GB", "-1", "1.5GB", "1 GB", "1gb", "1XB", "99999999999T",
+                          "18446744073709551616"})
+    EXPECT_FALSE(ParseBytes(bad).has_value()) << bad;
+}
 }  // namespace trnflow

@@ -1,5 +1,7 @@
 #include "workers/sandbox.h"
 
+#include "common/bytes.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -121,30 +123,9 @@ std::string MakeJobDir(const std::string& path, const JobIdentity& id) {
 }
 
 uint64_t ParseSize(const std::string& v, bool* ok) {
-  *ok = false;
-  if (v.empty() || v[0] < '0' || v[0] > '9') return 0;  // stoull would take "-1"
-  size_t end = 0;
-  uint64_t n = 0;
-  try {
-    n = std::stoull(v, &end);
-  } catch (const std::exception&) {
-    return 0;
-  }
-  std::string suffix = v.substr(end);
-  int shift = 0;
-  if (suffix == "K" || suffix == "KiB")
-    shift = 10;
-  else if (suffix == "M" || suffix == "MiB")
-    shift = 20;
-  else if (suffix == "G" || suffix == "GiB")
-    shift = 30;
-  else if (suffix == "T" || suffix == "TiB")
-    shift = 40;
-  else if (!suffix.empty())
-    return 0;
-  if (shift && n > (UINT64_MAX >> shift)) return 0;
-  *ok = true;
-  return n << shift;
+  auto n = ParseBytes(v);
+  *ok = n.has_value();
+  return n.value_or(0);
 }
 
 // ---- Child side: async-signal-safe only (no allocation, no locks, no stdio). ----
