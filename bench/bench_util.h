@@ -10,9 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "schema/catalog.h"
-
 #include "common/env.h"
+#include "schema/catalog.h"
 
 namespace trnflow::bench {
 
@@ -95,8 +94,8 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
       "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
       "instance_count, market, state, spec, ready_at, attempts, finished_at) "
       "SELECT " +
-      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" + spec +
-      "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
+      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" +
+      spec + "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
       " FROM generate_series(1, " + std::to_string(n) + ") g RETURNING 1");
   if (with_attempts)
     c.QueryValue(

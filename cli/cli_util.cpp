@@ -3,9 +3,12 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <set>
 
 #include "common/env.h"
 #include "common/error.h"
+#include "pipelines/diagnostics.h"
+#include "sim/catalog.h"
 
 namespace trnflow::cli {
 
@@ -46,6 +49,19 @@ std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
     return std::nullopt;
   }
   return std::move(result.pipeline);
+}
+
+void CheckPoolName(const std::string& name, const std::string& flag) {
+  std::set<std::string> pools;
+  for (const auto& t : sim::Catalog::Builtin().instances()) pools.insert(t.pool);
+  if (pools.count(name)) return;
+  std::vector<std::string> names(pools.begin(), pools.end());
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  std::string hint = pipelines::DidYouMean(name, names);
+  throw UserError(flag + ": there is no pool '" + name + "' (pools: " + list + ")" +
+                  (hint.empty() ? "" : "; " + hint) +
+                  " — a stage in an unknown pool would wait forever");
 }
 
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login) {

@@ -52,6 +52,10 @@ std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
 // Opens the catalog at TRNFLOW_DATABASE_URL and checks its schema version.
 // Which login a command uses: the daemons' (or the person's own), or the schema owner's for
 // administration (`db migrate`, `project`).
+// A pool name from the command line, checked against the hardware catalog's pools; throws
+// UserError naming the pools (and the closest) otherwise. `flag` is what the user typed.
+void CheckPoolName(const std::string& name, const std::string& flag);
+
 enum class CatalogLogin { kDefault, kAdmin };
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login = CatalogLogin::kDefault);
 // "42" -> 42; throws UserError otherwise.

@@ -57,7 +57,9 @@ int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
       } catch (const std::exception&) {
       }
     if (eq == std::string::npos || eq == 0 || n <= 0 || n > 100000)
-      throw UserError("--pool " + p + ": expected NAME=N with 1 to 100000 instances, e.g. --pool trn1=4");
+      throw UserError("--pool " + p +
+                      ": expected NAME=N with 1 to 100000 instances, e.g. --pool trn1=4");
+    CheckPoolName(p.substr(0, eq), "--pool " + p);
     o.pools.push_back({p.substr(0, eq), n});
   }
   if (o.pools.empty()) throw UserError("give at least one --pool NAME=N, e.g. --pool cpu=4");

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "pipelines/diagnostics.h"
 #include "pipelines/plan.h"
 #include "sim/catalog.h"
 
@@ -217,7 +218,16 @@ int CmdLogs(const std::string& run_text, const std::string& stage) {
   namespace fs = std::filesystem;
   fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
   int shown = 0;
-  for (const auto& s : catalog->GetStages(run_id)) {
+  auto stages = catalog->GetStages(run_id);
+  if (!stage.empty() &&
+      std::none_of(stages.begin(), stages.end(), [&](const auto& s) { return s.name == stage; })) {
+    std::vector<std::string> names;
+    for (const auto& s : stages) names.push_back(s.name);
+    std::string hint = pipelines::DidYouMean(stage, names);
+    throw UserError("run " + run_text + " has no stage '" + stage + "'" +
+                    (hint.empty() ? "; `trnflow show " + run_text + "` lists them" : "; " + hint));
+  }
+  for (const auto& s : stages) {
     if (!stage.empty() && s.name != stage) continue;
     for (int a = 1; a <= s.attempts; ++a) {
       fs::path p = dir / (s.name + ".attempt-" + std::to_string(a) + ".log");

@@ -116,7 +116,9 @@ std::vector<workers::PoolConfig> PoolsFor(const pipelines::Pipeline& p,
       n = std::stoi(o.substr(eq + 1));
     } catch (const std::exception&) {
     }
-    if (n <= 0) throw UserError("--pool " + o + ": N must be a positive number of instances");
+    if (n <= 0 || n > 100000)
+      throw UserError("--pool " + o + ": N must be a number of instances from 1 to 100000");
+    CheckPoolName(o.substr(0, eq), "--pool " + o);
     cap[o.substr(0, eq)] = n;
   }
   std::vector<workers::PoolConfig> pools;
@@ -229,7 +231,7 @@ int CmdRun(const RunArgs& a) {
               << " is still running in the catalog; its stages were handed back. Continue it "
                  "with `trnflow worker` and `trnflow scheduler`, or `trnflow watch "
               << run_id << "`.\n";
-    return kExitRunFailed;
+    return kExitInterrupted;
   }
   PrintRunSummary(*catalog, run_id);
   auto run = catalog->GetRun(run_id);
@@ -303,7 +305,7 @@ int CmdWatch(const std::string& run_text) {
     throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   InstallSignalHandlers();
   FollowRun(*catalog, run_id, g_interrupted);
-  if (g_interrupted) return kExitOk;
+  if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
   PrintRunSummary(*catalog, run_id);
   auto run = catalog->GetRun(run_id);
   return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;

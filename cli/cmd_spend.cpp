@@ -1,10 +1,12 @@
 // trnflow spend / budget / project: the money and who may see it.
+#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "common/duration.h"
 #include "common/error.h"
 
 namespace trnflow::cli {
@@ -19,10 +21,22 @@ std::vector<std::string> SplitFields(const std::string& s) {
   return out;
 }
 
-void CheckDate(const std::string& flag, const std::string& d) {
+// A date (2026-11-01) or a time ago (7d, 12h, 2w: the UTC date that long before now).
+std::string ReadDate(const std::string& flag, const std::string& d) {
   static const std::regex date(R"(\d{4}-\d{2}-\d{2})");
-  if (!d.empty() && !std::regex_match(d, date))
-    throw UserError(flag + " " + d + ": expected a date like 2026-11-01");
+  if (d.empty() || std::regex_match(d, date)) return d;
+  std::optional<double> ago;
+  if (!d.empty() && d.back() == 'w') {
+    if (auto days = ParseDuration(d.substr(0, d.size() - 1) + "d")) ago = *days * 7;
+  } else {
+    ago = ParseDuration(d);
+  }
+  if (!ago || *ago <= 0 || *ago > 100 * 365 * 86400.0)
+    throw UserError(flag + " " + d + ": expected a date like 2026-11-01 or a time ago like 7d");
+  std::time_t t = std::time(nullptr) - static_cast<std::time_t>(*ago);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
 }
 
 std::string Csv(const std::string& s) {
@@ -37,9 +51,8 @@ double Usd(Money m) { return static_cast<double>(m.micros()) / 1e6; }
 }  // namespace
 
 int CmdSpend(const SpendArgs& a) {
-  CheckDate("--since", a.since);
-  CheckDate("--until", a.until);
-  schema::SpendQuery q{a.project, a.pipeline, a.since, a.until, SplitFields(a.by)};
+  schema::SpendQuery q{a.project, a.pipeline, ReadDate("--since", a.since),
+                       ReadDate("--until", a.until), SplitFields(a.by)};
   auto catalog = OpenCatalog();
   auto rows = catalog->Spend(q);
   if (a.format == "json") {

@@ -164,16 +164,19 @@ int main(int argc, char** argv) {
                           "a login role that may read, submit, cancel, retry and resume "
                           "(repeatable)");
   std::optional<int> max_stages_per_run, max_queued_stages;
-  project_add->add_option("--max-stages-per-run", max_stages_per_run,
-                          "quota: stages in one run (default 250000)")
+  project_add
+      ->add_option("--max-stages-per-run", max_stages_per_run,
+                   "quota: stages in one run (default 250000)")
       ->check(CLI::Range(1, 100000000));
-  project_add->add_option("--max-queued-stages", max_queued_stages,
-                          "quota: unfinished stages over the project's runs (default 1000000)")
+  project_add
+      ->add_option("--max-queued-stages", max_queued_stages,
+                   "quota: unfinished stages over the project's runs (default 1000000)")
       ->check(CLI::Range(1, 1000000000));
   std::optional<int64_t> job_uid;
-  project_add->add_option("--job-uid", job_uid,
-                          "the uid the project's jobs run as on every worker (default: the next "
-                          "free from 200001)")
+  project_add
+      ->add_option("--job-uid", job_uid,
+                   "the uid the project's jobs run as on every worker (default: the next "
+                   "free from 200001)")
       ->check(CLI::Range(int64_t{1000}, int64_t{4294967293}));
   std::string grant_role;
   bool grant_read = false, grant_write = false;
@@ -181,8 +184,10 @@ int main(int argc, char** argv) {
       "grant", "give a login role read (--read) or read and write (--write) access to a project");
   project_grant->add_option("PROJECT", project_name, "project name")->required();
   project_grant->add_option("ROLE", grant_role, "an existing PostgreSQL login role")->required();
-  auto* read_flag = project_grant->add_flag("--read", grant_read, "see the project's runs and spend");
-  auto* write_flag = project_grant->add_flag("--write", grant_write, "also submit, cancel, retry, resume");
+  auto* read_flag =
+      project_grant->add_flag("--read", grant_read, "see the project's runs and spend");
+  auto* write_flag =
+      project_grant->add_flag("--write", grant_write, "also submit, cancel, retry, resume");
   read_flag->excludes(write_flag);
   auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
   auto* schedule = app.add_subcommand("schedule", "cron schedules (nightly precompilation)");

@@ -28,8 +28,7 @@ std::string ConfigDir() {
 std::string DatabaseUrl() {
   const char* url = std::getenv("TRNFLOW_DATABASE_URL");
   if (url && *url) return url;
-  if (std::string daemon = UrlFromFile(ConfigDir() + "/daemon.url"); !daemon.empty())
-    return daemon;
+  if (std::string daemon = UrlFromFile(ConfigDir() + "/daemon.url"); !daemon.empty()) return daemon;
   // A person's own login over the local socket (peer authentication: the OS user's role).
   return "postgresql:///trnflow";
 }

@@ -11,7 +11,8 @@ enum ExitCode : int {
   kExitRunFailed = 1,
   kExitBadInput = 2,
   kExitNoCatalog = 3,
-  kExitPermissionDenied = 4
+  kExitPermissionDenied = 4,
+  kExitInterrupted = 130  // Ctrl-C, as shells report 128 + SIGINT
 };
 
 // The catalog cannot be reached (or cannot be used by this binary). what() is one line that

@@ -580,7 +580,8 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
 // looks like a credential is stored in the catalog for every project member to read: warn.
 void Parser::ParseSecrets(const YAML::Node& n, Stage* st) {
   static const std::regex name(R"([A-Z_][A-Z0-9_]{0,127})");
-  static const std::regex looks_secret(R"((^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_))");
+  static const std::regex looks_secret(
+      R"((^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_))");
   if (const YAML::Node& e = n["env"]; e && e.IsMap())
     for (auto it = e.begin(); it != e.end(); ++it) {
       std::string key = it->first.Scalar();
@@ -589,8 +590,9 @@ void Parser::ParseSecrets(const YAML::Node& n, Stage* st) {
       if (std::regex_search(upper, looks_secret) && it->second.IsScalar() &&
           !it->second.Scalar().empty())
         diags_.Warning(At(it->first),
-                       "env." + key + " looks like a credential; env: values are stored in the "
-                       "catalog and shown to the project's members",
+                       "env." + key +
+                           " looks like a credential; env: values are stored in the "
+                           "catalog and shown to the project's members",
                        "declare it as a secret instead: secrets: [" + key +
                            "] (resolved on the worker host, never stored)");
     }

@@ -240,9 +240,9 @@ struct Catalog::Impl {
                 p.budget ? std::optional<std::string>(p.budget->ToDecimal()) : std::nullopt,
                 o.workdir, o.retry_failed_compilation, TextArray(names), TextArray(kinds),
                 TextArray(pools), TextArray(types), NumberArray(counts), TextArray(markets),
-                NumberArray(pending), TextArray(specs), NumberArray(dep_from), NumberArray(dep_to))
-        [0][0]
-            .as<int64_t>();
+                NumberArray(pending), TextArray(specs), NumberArray(dep_from),
+                NumberArray(dep_to))[0][0]
+        .as<int64_t>();
   }
 
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids) {
@@ -519,7 +519,8 @@ std::vector<BudgetReservation> Catalog::ReserveBudgets(
         impl_->Exec(tx, "ReserveBudgets", NumberArray(ids), NumberArray(attempts), amounts);
     tx.commit();
     std::vector<BudgetReservation> out;
-    for (const auto& row : r) out.push_back({row[0].as<int64_t>(), MoneyOf(row[1]), MoneyOf(row[2])});
+    for (const auto& row : r)
+      out.push_back({row[0].as<int64_t>(), MoneyOf(row[1]), MoneyOf(row[2])});
     return out;
   });
 }
@@ -794,8 +795,8 @@ int Catalog::ResumeRun(int64_t run_id) {
 int Catalog::RetryStage(int64_t run_id, const std::string& stage) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    int n = impl_->Exec(tx, "ResetStages", run_id, std::optional<std::string>(stage))[0][0]
-                .as<int>();
+    int n =
+        impl_->Exec(tx, "ResetStages", run_id, std::optional<std::string>(stage))[0][0].as<int>();
     tx.commit();
     return n;
   });
@@ -939,7 +940,8 @@ std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
 std::string Catalog::AddProject(const std::string& name, const std::vector<std::string>& members) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::string role = impl_->Exec(tx, "AddProject", name, TextArray(members))[0][0].as<std::string>();
+    std::string role =
+        impl_->Exec(tx, "AddProject", name, TextArray(members))[0][0].as<std::string>();
     tx.commit();
     return role;
   });
@@ -950,18 +952,20 @@ void Catalog::RequireStageRunner(const std::string& what) {
     pqxx::work tx(impl_->C());
     pqxx::row r = impl_->Exec(tx, "CanRunStages")[0];
     if (r[0].as<bool>()) return;
-    throw PermissionDenied("permission denied: " + what + " claims and runs stages, which takes "
-                           "the daemons' login; " + r[1].as<std::string>() +
+    throw PermissionDenied("permission denied: " + what +
+                           " claims and runs stages, which takes "
+                           "the daemons' login; " +
+                           r[1].as<std::string>() +
                            " is not it.\nhint: `trnflow submit` the pipeline and let the site's "
                            "workers run it, or run as the daemons' user (/etc/trnflow/daemon.url)");
   });
 }
 
-std::string Catalog::GrantProject(const std::string& project, const std::string& role,
-                                  bool write) {
+std::string Catalog::GrantProject(const std::string& project, const std::string& role, bool write) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::string group = impl_->Exec(tx, "GrantProject", project, role, write)[0][0].as<std::string>();
+    std::string group =
+        impl_->Exec(tx, "GrantProject", project, role, write)[0][0].as<std::string>();
     tx.commit();
     return group;
   });

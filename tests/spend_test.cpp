@@ -53,9 +53,9 @@ std::string DatabaseName() { return TestDatabase::database_name(); }
 // returns its URL. No test role has a password anyone could guess.
 std::string NewLogin(schema::Catalog& admin, const std::string& role) {
   std::string password = schema::RandomSecret();
-  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role +
-                   " LOGIN PASSWORD '" + password + "'; COMMENT ON ROLE " + role +
-                   " IS 'trnflow catalog test (" + DatabaseName() + "): member'; SELECT 1");
+  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
+                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
+                   DatabaseName() + "): member'; SELECT 1");
   return schema::WithLogin(TestDatabase::url(), role, password);
 }
 
@@ -173,8 +173,9 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   // The guard announces 100% on its next tick, after the attempt stopped itself at its cap.
   WaitFor(
       [&] {
-        return c.QueryValue("SELECT count(*) FROM trnflow.events WHERE kind = 'budget' AND "
-                            "data->>'project' = 'thrifty' AND data->>'percent' = '100'") == "1";
+        return c.QueryValue(
+                   "SELECT count(*) FROM trnflow.events WHERE kind = 'budget' AND "
+                   "data->>'project' = 'thrifty' AND data->>'percent' = '100'") == "1";
       },
       10);
   auto r = c.GetRun(run);
@@ -194,7 +195,8 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   // The attempt was capped: at most one billing minute over, whatever the speed.
   Money minute = Charge(Money::FromMicros(std::stoll(c.QueryValue(
                             "SELECT (price_usd_hour * 1000000)::bigint FROM trnflow.attempts "
-                            "WHERE run_id = " + std::to_string(run)))),
+                            "WHERE run_id = " +
+                            std::to_string(run)))),
                         1, 60);
   EXPECT_LE(budgets[0].spent, Money::FromUsd(5) + minute);
 }

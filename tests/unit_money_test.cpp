@@ -84,8 +84,8 @@ TEST(Bytes, SizesAreReadWholeOrRefused) {
   EXPECT_EQ(ParseBytes("2GiB"), 2ULL << 30);
   EXPECT_EQ(ParseBytes("500MB"), 500000000u);
   EXPECT_EQ(ParseBytes("64K"), 65536u);
-  for (const char* bad : {"", "GB", "-1", "1.5GB", "1 GB", "1gb", "1XB", "99999999999T",
-                          "18446744073709551616"})
+  for (const char* bad :
+       {"", "GB", "-1", "1.5GB", "1 GB", "1gb", "1XB", "99999999999T", "18446744073709551616"})
     EXPECT_FALSE(ParseBytes(bad).has_value()) << bad;
 }
 }  // namespace trnflow

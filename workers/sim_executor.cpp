@@ -169,8 +169,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
                   100 * r.progress_to);
   } else {
     r.outcome = Outcome::kTimeout;
-    std::snprintf(buf, sizeof buf, "timed out after %.2f simulated hours (timeout %s)",
-                  elapsed / 3600, std::to_string(ctx.spec.timeout_s / 3600).c_str());
+    std::snprintf(buf, sizeof buf, "timed out after %.2f simulated hours (timeout %g h)",
+                  elapsed / 3600, ctx.spec.timeout_s / 3600);
   }
   r.message = buf;
   return r;

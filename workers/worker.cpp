@@ -1,8 +1,8 @@
 #include "workers/worker.h"
 
+#include <sys/stat.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -285,17 +285,17 @@ struct Worker::Impl {
       }
     if (budgeted.empty()) return;
     std::vector<schema::BudgetReservation> caps;
-    WithCatalog(cat, "reserve budgets",
-                [&](schema::Catalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
-                /*give_up_on_stop=*/false);
+    WithCatalog(
+        cat, "reserve budgets",
+        [&](schema::Catalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
+        /*give_up_on_stop=*/false);
     for (const auto& r : caps)
       for (auto& c : claimed) {
         if (c.stage_id != r.stage_id) continue;
         Money per_hour = Money::FromMicros(c.price_per_hour.micros() * c.instance_count);
-        double cap_s = per_hour.micros() > 0
-                           ? 3600.0 * static_cast<double>(r.cap.micros()) /
-                                 static_cast<double>(per_hour.micros())
-                           : std::numeric_limits<double>::infinity();
+        double cap_s = per_hour.micros() > 0 ? 3600.0 * static_cast<double>(r.cap.micros()) /
+                                                   static_cast<double>(per_hour.micros())
+                                             : std::numeric_limits<double>::infinity();
         c.spend_cap_s = cap_s;
         c.budget_wait = cap_s < 60 && r.held.micros() > 0;
       }

@@ -13,8 +13,8 @@
 #include <set>
 
 #include "common/error.h"
-#include "common/sha256.h"
 #include "common/money.h"
+#include "common/sha256.h"
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
 #include "tests/run_cli.h"
@@ -114,8 +114,9 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'ten-b'"), "0");
   EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.schedules"), "0")
       << "another project's schedule (and its pipeline source) is visible";
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
-            "0");
+  EXPECT_EQ(
+      alice.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
+      "0");
   EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.schedule_fires"), "0");
   // Submit, cancel, retry and resume in another project: refused in SQL, whatever the CLI says.
   auto p = testing::MustParse(kTiny);
@@ -129,9 +130,9 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   // In its own project it submits and cancels, under its own name.
   o.project = "ten-a";
   int64_t mine = alice.SubmitRun(p, o);
-  EXPECT_EQ(alice.QueryValue("SELECT submitted_by FROM trnflow.runs WHERE id = " +
-                             std::to_string(mine)),
-            "trnflow_test_" + Db() + "_alice");
+  EXPECT_EQ(
+      alice.QueryValue("SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
+      "trnflow_test_" + Db() + "_alice");
   EXPECT_TRUE(alice.CancelRun(mine).cancelled);
   EXPECT_THROW(alice.CancelRun(mine, "budget_exceeded"), PermissionDenied)
       << "only the daemons stop a run for its budget";
@@ -197,8 +198,9 @@ TEST_F(Tenants, TheDaemonsLoginCannotRewriteTheLedgerOrChangeTheSchema) {
 
 TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
   ASSERT_EQ(RunTrnflow("project add ten-q --max-stages-per-run 5").exit_code, 0);
-  std::string y = "pipeline: sweep\nproject: ten-q\nstages:\n  s:\n    run: [\"true\"]\n"
-                  "    matrix: {i: [1, 2, 3, 4, 5, 6]}\n";
+  std::string y =
+      "pipeline: sweep\nproject: ten-q\nstages:\n  s:\n    run: [\"true\"]\n"
+      "    matrix: {i: [1, 2, 3, 4, 5, 6]}\n";
   schema::Catalog daemon(TestDatabase::url());
   std::string runs = daemon.QueryValue("SELECT count(*) FROM trnflow.runs");
   CliResult r = RunTrnflow("submit " + WriteTempFile("sweep.yaml", y));
@@ -220,7 +222,8 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
 TEST_F(Tenants, ClaimsShareAPoolBetweenProjects) {
   std::string y = "pipeline: flood\nproject: ten-flood\nstages:\n";
   for (const char* stage : {"s", "t"}) {  // two sweeps of 10,000 (a matrix's most)
-    y += std::string("  ") + stage + ":\n    run: [\"true\"]\n    instance: c6i.large\n"
+    y += std::string("  ") + stage +
+         ":\n    run: [\"true\"]\n    instance: c6i.large\n"
          "    matrix: {i: [";
     for (int i = 0; i < 10000; ++i) y += (i ? "," : "") + std::to_string(i);
     y += "]}\n";
@@ -257,8 +260,8 @@ TEST_F(Tenants, AJobFindsNoWayIntoTheCatalog) {
                            fs::perms::others_read | fs::perms::others_exec);
   schema::Catalog daemon(TestDatabase::url());
   std::string roles = "postgres trnflow " + daemon.QueryValue("SELECT trnflow.daemon_role()") +
-                      " " + daemon.QueryValue("SELECT trnflow.reader_role()") +
-                      " trnflow_test_" + Db() + "_alice root nobody";
+                      " " + daemon.QueryValue("SELECT trnflow.reader_role()") + " trnflow_test_" +
+                      Db() + "_alice root nobody";
   std::ofstream(dir + "/attack.sh")
       << "blocked=0; leaks=0\n"
          "try() { if eval \"$1\" >/dev/null 2>&1; then echo \"LEAK: $2\"; leaks=$((leaks+1)); "
@@ -308,10 +311,11 @@ TEST_F(Tenants, SecretsReachTheJobAndNothingElse) {
   fs::permissions(dir + "/secrets/ten-a.env", fs::perms::owner_read | fs::perms::owner_write);
   std::string y =
       "pipeline: secret\nproject: ten-a\nstages:\n  use:\n    run: \"echo token=$API_TOKEN; "
-      "printf %s \\\"$API_TOKEN\\\" | sha256sum | grep -q " + Sha256Hex(value) +
-      " && echo MATCH\"\n    shell: true\n    secrets: [API_TOKEN]\n";
+      "printf %s \\\"$API_TOKEN\\\" | sha256sum | grep -q " +
+      Sha256Hex(value) + " && echo MATCH\"\n    shell: true\n    secrets: [API_TOKEN]\n";
   std::string file = WriteTempFile("secret.yaml", y);
-  CliResult r = RunTrnflow("run " + file + " --speed 1000000", "TRNFLOW_SECRETS_DIR=" + dir + "/secrets");
+  CliResult r =
+      RunTrnflow("run " + file + " --speed 1000000", "TRNFLOW_SECRETS_DIR=" + dir + "/secrets");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   int64_t run = RunIdFrom(r.out);
   CliResult logs = RunTrnflow("logs " + std::to_string(run));
@@ -320,13 +324,15 @@ TEST_F(Tenants, SecretsReachTheJobAndNothingElse) {
   EXPECT_EQ(logs.out.find(value), std::string::npos) << "the secret is in the log";
   schema::Catalog owner(TestDatabase::owner_url());
   for (const std::string table : {"pipelines", "stages", "attempts", "events", "runs"})
-    EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow." + table + " t WHERE t::text LIKE '%" +
-                               value + "%'"),
+    EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow." + table +
+                               " t WHERE t::text LIKE '%" + value + "%'"),
               "0")
         << table;
   // Another project names the same secret: it is not its to have.
-  std::string other = WriteTempFile("secret-b.yaml", std::regex_replace(y, std::regex("ten-a"), "ten-b"));
-  CliResult b = RunTrnflow("run " + other + " --speed 1000000", "TRNFLOW_SECRETS_DIR=" + dir + "/secrets");
+  std::string other =
+      WriteTempFile("secret-b.yaml", std::regex_replace(y, std::regex("ten-a"), "ten-b"));
+  CliResult b =
+      RunTrnflow("run " + other + " --speed 1000000", "TRNFLOW_SECRETS_DIR=" + dir + "/secrets");
   EXPECT_EQ(b.exit_code, 1) << b.out << b.err;
   CliResult show = RunTrnflow("show " + std::to_string(RunIdFrom(b.out)) + " --format json");
   EXPECT_NE(show.out.find("secret API_TOKEN is not set for project ten-b"), std::string::npos)
@@ -363,7 +369,8 @@ TEST_P(Runaway, StopsAtTheBudget) {
   Money limit, price;
   ASSERT_TRUE(Money::Parse(budget, &limit));
   ASSERT_TRUE(Money::Parse(daemon.QueryValue("SELECT price_usd_hour FROM trnflow.attempts WHERE "
-                                             "run_id = " + std::to_string(run)),
+                                             "run_id = " +
+                                             std::to_string(run)),
                            &price));
   Money minute = Charge(price, 1, 60);
   EXPECT_LE(got->cost, limit + minute) << "spent past the budget";
