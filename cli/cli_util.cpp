@@ -65,8 +65,8 @@ void CheckPoolName(const std::string& name, const std::string& flag) {
 }
 
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login) {
-  auto catalog = std::make_unique<schema::Catalog>(login == CatalogLogin::kAdmin ? AdminDatabaseUrl()
-                                                                                 : DatabaseUrl());
+  auto catalog = std::make_unique<schema::Catalog>(
+      login == CatalogLogin::kAdmin ? AdminDatabaseUrl() : DatabaseUrl());
   catalog->RequireCurrentSchema();
   return catalog;
 }

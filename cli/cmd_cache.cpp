@@ -58,14 +58,18 @@ std::string Bytes(int64_t b) {
 }
 
 // The one entry whose key starts with `prefix` (at least 6 characters).
+// An entry by (a prefix of) its key, or of its digest: run messages name entries by digest
+// ("compiled graph 3f2a... from the cache"), `cache ls` by key.
 schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
-  if (prefix.size() < 6) throw UserError("give at least 6 characters of the key");
+  if (prefix.size() < 6) throw UserError("give at least 6 characters of the key or digest");
   std::vector<schema::ArtifactRow> found;
   for (auto& a : c.ListArtifacts())
-    if (a.key.rfind(prefix, 0) == 0) found.push_back(std::move(a));
+    if (a.key.rfind(prefix, 0) == 0 || (!a.digest.empty() && a.digest.rfind(prefix, 0) == 0))
+      found.push_back(std::move(a));
   if (found.empty())
-    throw UserError("no cache entry with key " + prefix + "; `trnflow cache ls` lists them");
-  if (found.size() > 1) throw UserError("key " + prefix + " is ambiguous; give more of it");
+    throw UserError("no cache entry whose key or digest starts with " + prefix +
+                    "; `trnflow cache ls` lists them");
+  if (found.size() > 1) throw UserError(prefix + " is ambiguous; give more of it");
   return found[0];
 }
 

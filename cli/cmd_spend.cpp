@@ -125,9 +125,22 @@ int CmdBudgetSet(const std::string& project, const std::string& usd, const std::
   static const std::regex name("[a-z0-9][a-z0-9-]{0,62}");
   if (!std::regex_match(project, name)) throw UserError("invalid project name '" + project + "'");
   auto catalog = OpenCatalog();
+  if (!catalog->ProjectExists(project))
+    throw UserError("there is no project '" + project +
+                    "' (a budget for it would guard nothing); `trnflow project ls` lists them, "
+                    "`trnflow project add " +
+                    project + "` makes it");
   catalog->SetBudget(project, amount, period);
   std::cout << "project " << project << ": budget " << amount.ToDollars() << " per "
             << (period == "month" ? "calendar month (UTC)" : "all time") << "\n";
+  return kExitOk;
+}
+
+int CmdBudgetRemove(const std::string& project) {
+  auto catalog = OpenCatalog();
+  if (!catalog->RemoveBudget(project))
+    throw UserError("project '" + project + "' has no budget; `trnflow budget ls` lists them");
+  std::cout << "project " << project << ": budget removed\n";
   return kExitOk;
 }
 

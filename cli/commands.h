@@ -35,6 +35,7 @@ int CmdScheduler();
 
 int CmdSpend(const SpendArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
+int CmdBudgetRemove(const std::string& project);
 int CmdBudgetList(const std::string& format);
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
                   std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,

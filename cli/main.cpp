@@ -144,6 +144,8 @@ int main(int argc, char** argv) {
   auto* budget = app.add_subcommand("budget", "project budgets");
   budget->require_subcommand(1);
   std::string budget_project, budget_usd, budget_period = "month", budget_format = "table";
+  auto* budget_rm = budget->add_subcommand("rm", "remove a project's budget");
+  budget_rm->add_option("PROJECT", budget_project, "project")->required();
   auto* budget_set = budget->add_subcommand("set", "set a project's budget");
   budget_set->add_option("PROJECT", budget_project, "project")->required();
   budget_set->add_option("USD", budget_usd, "dollars per period")->required();
@@ -303,6 +305,7 @@ int main(int argc, char** argv) {
     if (cache_untrust->parsed()) return CmdCacheTrust(trust_project, trust_trusted, false, false);
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
+    if (budget_rm->parsed()) return CmdBudgetRemove(budget_project);
     if (project_add->parsed())
       return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages,
                            job_uid);

@@ -874,6 +874,22 @@ std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
   });
 }
 
+bool Catalog::ProjectExists(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    return !impl_->Exec(tx, "ProjectExists", project).empty();
+  });
+}
+
+bool Catalog::RemoveBudget(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool removed = !impl_->Exec(tx, "RemoveBudget", project).empty();
+    tx.commit();
+    return removed;
+  });
+}
+
 void Catalog::SetBudget(const std::string& project, Money amount, const std::string& period) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());

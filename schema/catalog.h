@@ -349,6 +349,9 @@ class Catalog {
   // --- spend, budgets, projects -------------------------------------------------------------
   // Throws UserError for a --by field it does not know.
   std::vector<SpendRow> Spend(const SpendQuery& query);
+  bool ProjectExists(const std::string& project);
+  // Removes the project's budget; false when it had none.
+  bool RemoveBudget(const std::string& project);
   void SetBudget(const std::string& project, Money amount, const std::string& period);
   std::vector<BudgetRow> ProjectBudgets(const std::string& project = "");
   void RecordBudgetNotice(const std::string& project, int percent);

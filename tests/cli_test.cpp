@@ -97,6 +97,10 @@ TEST(Cli, ClimateRunSurvivesASpotInterruptionAtTheDefaultSeed) {
 }
 
 TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
+  Result unknown = Trnflow("budget set tight 10");
+  EXPECT_EQ(unknown.exit_code, 2) << "a budget for a project that does not exist guards nothing";
+  EXPECT_NE(unknown.err.find("there is no project 'tight'"), std::string::npos) << unknown.err;
+  ASSERT_EQ(Trnflow("project add tight").exit_code, 0);
   ASSERT_EQ(Trnflow("budget set tight 10").exit_code, 0);
   schema::Catalog c(TestDatabase::url());
   std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
@@ -117,6 +121,9 @@ TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
   EXPECT_EQ(
       Trnflow("cancel " + nlohmann::json::parse(forced.out)["run_id"].get<std::string>()).exit_code,
       0);
+  EXPECT_EQ(Trnflow("budget rm tight").exit_code, 0);
+  EXPECT_EQ(Trnflow("budget ls --format json").out.find("\"tight\""), std::string::npos);
+  EXPECT_EQ(Trnflow("budget rm tight").exit_code, 2) << "nothing left to remove";
 }
 
 TEST(Cli, SpendEqualsTheViewsToTheCent) {

@@ -124,6 +124,12 @@ ON CONFLICT (run_id) DO UPDATE SET percent = EXCLUDED.percent;
 -- name: RunningRunsOfProject
 SELECT id FROM trnflow.runs WHERE project = $1 AND state = 'running' ORDER BY id;
 
+-- name: ProjectExists
+SELECT 1 FROM trnflow.projects WHERE name = $1;
+
+-- name: RemoveBudget
+DELETE FROM trnflow.budgets WHERE project = $1 RETURNING project;
+
 -- name: UpsertBudget
 INSERT INTO trnflow.budgets (project, amount_usd, period) VALUES ($1, $2::numeric, $3)
 ON CONFLICT (project) DO UPDATE
