@@ -101,12 +101,14 @@ std::string ShowExpressions(const std::string& word, const std::string& text) {
   std::string out;
   for (size_t i = 0; i < word.size(); ++i) {
     size_t end = word[i] == '\x01' ? word.find('\x01', i + 1) : std::string::npos;
-    if (end == std::string::npos) {
-      out += word[i];
+    std::string digits = end == std::string::npos ? "" : word.substr(i + 1, end - i - 1);
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(digits) >= exprs.size()) {
+      out += word[i];  // not a marker of ours: the text's own character
       continue;
     }
-    size_t k = std::stoul(word.substr(i + 1, end - i - 1));
-    out += k < exprs.size() ? exprs[k] : "";
+    out += exprs[std::stoul(digits)];
     i = end;
   }
   return out;
@@ -927,6 +929,10 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
           st.spec.command.shell = true;
           for (auto& [k, val] : values) st.spec.command.env.emplace(k, val);
         }
+      } else if (run.Scalar().find_first_of(std::string("\x01\r\n\0", 4)) !=
+                 std::string::npos) {
+        diags_.Error(At(run), "run: holds a control character or a line break",
+                     "write one command on one line, or use shell: true for a script");
       } else if (!Text(run, "run", scope)) {
         // the expression's error is reported; nothing to split
       } else if (auto words = SplitWords(HideExpressions(run.Scalar())); !words) {

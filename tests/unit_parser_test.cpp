@@ -128,6 +128,13 @@ TEST(Parser, ParamsNeverBecomeCode) {
     if (s.spec.name == "shelled") EXPECT_EQ(s.spec.command.env.at("TRNFLOW_PARAM_NAME"), "$(id)");
 }
 
+// The fuzzer's find: a command holding the word splitter's own marker bytes.
+TEST(Parser, ControlCharactersInACommandAreAnErrorNotACrash) {
+  auto r = Parse(std::string("pipeline: x\nproject: lab\nstages:\n  a:\n    run: \"echo \x01") +
+                 "7\x01 ${{ params.nope }}\"\n");
+  EXPECT_NE(OnlyError(r).find("control character"), std::string::npos) << r.diagnostics.Format();
+}
+
 TEST(Parser, CountsTakeSizeSuffixes) {
   auto r = Parse(kSmall, {{{"tokens", "1.5T"}}, ""});
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
