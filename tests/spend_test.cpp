@@ -49,16 +49,6 @@ int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed 
 
 std::string DatabaseName() { return TestDatabase::database_name(); }
 
-// A login role with a fresh random password, for this test database only (dropped with it);
-// returns its URL. No test role has a password anyone could guess.
-std::string NewLogin(schema::Catalog& admin, const std::string& role) {
-  std::string password = schema::RandomSecret();
-  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
-                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
-                   DatabaseName() + "): member'; SELECT 1");
-  return schema::WithLogin(TestDatabase::url(), role, password);
-}
-
 }  // namespace
 
 TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
@@ -107,14 +97,14 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   schema::Catalog admin(TestDatabase::owner_url());
   RunToEnd(c, MustParse(kSmall, "rls-alpha"));
   RunToEnd(c, MustParse(kSmall, "rls-beta"));
-  std::string alice_url = NewLogin(admin, "trnflow_test_alice_" + DatabaseName());
-  std::string rita_url = NewLogin(admin, "trnflow_test_rita_" + DatabaseName());
+  std::string alice_url = TestDatabase::NewLogin("alice");
+  std::string rita_url = TestDatabase::NewLogin("rita");
   // Roles are scoped to the catalog: the default one keeps trnflow_project_NAME.
-  EXPECT_EQ(admin.AddProject("rls-alpha", {"trnflow_test_alice_" + DatabaseName()}),
+  EXPECT_EQ(admin.AddProject("rls-alpha", {"trnflow_test_" + DatabaseName() + "_alice"}),
             DatabaseName() + "_project_rls_alpha");
   admin.AddProject("rls-beta", {});
-  admin.QueryValue("GRANT " + DatabaseName() + "_reader TO trnflow_test_rita_" + DatabaseName() +
-                   "; SELECT 1");
+  admin.QueryValue("GRANT " + DatabaseName() + "_reader TO trnflow_test_" + DatabaseName() +
+                   "_rita; SELECT 1");
   EXPECT_THROW(admin.AddProject("rls-gamma", {"trnflow_test_nobody"}), UserError);
   EXPECT_THROW(admin.AddProject("Bad_Name", {}), UserError);
   EXPECT_THROW(c.AddProject("rls-delta", {}), PermissionDenied) << "the daemon makes no roles";

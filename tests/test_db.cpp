@@ -26,6 +26,16 @@ const std::string& TestDatabase::url() { return g_url; }
 const std::string& TestDatabase::owner_url() { return g_owner_url; }
 const std::string& TestDatabase::database_name() { return g_name; }
 
+std::string TestDatabase::NewLogin(const std::string& who) {
+  schema::Catalog admin(g_owner_url);
+  std::string role = "trnflow_test_" + g_name + "_" + who;
+  std::string password = schema::RandomSecret();
+  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
+                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
+                   g_name + "): member'; SELECT 1");
+  return schema::WithLogin(g_url, role, password);
+}
+
 void TestDatabase::SetUp() {
   name_ = g_name = prefix_ + "_" + std::to_string(getpid());
   g_owner_url = schema::CreateDatabase(AdminUrl(), name_);

@@ -21,6 +21,9 @@ class TestDatabase : public ::testing::Environment {
   static const std::string& owner_url();
   // The database's name (its catalog's roles are named after it).
   static const std::string& database_name();
+  // A login role trnflow_test_<database>_<who> with a fresh random password, dropped with the
+  // database (no test role has a password anyone could guess); returns its URL.
+  static std::string NewLogin(const std::string& who);
 
  private:
   std::string prefix_;

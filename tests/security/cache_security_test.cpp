@@ -167,16 +167,13 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
   // Row-level security: a member of B sees B's entries and compiled graphs only, and whom
   // its projects trust; a member of C sees C's trust. Logins with random passwords, scoped to
   // this test's catalog (dropped with it).
-  schema::Catalog admin(TestDatabase::owner_url());
   auto member_of = [&](const std::string& project) {
-    std::string role = "trnflow_test_" + TestDatabase::database_name() + "_" + project.substr(4);
-    std::string password = schema::RandomSecret();
-    admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
-                     password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
-                     TestDatabase::database_name() + "): member'; SELECT 1");
-    EXPECT_EQ(RunTrnflow("project grant " + project + " " + role + " --read", p.env()).exit_code, 0);
-    return std::make_unique<schema::Catalog>(
-        schema::WithLogin(TestDatabase::url(), role, password));
+    std::string who = project.substr(4);
+    std::string url = TestDatabase::NewLogin(who);
+    std::string role = "trnflow_test_" + TestDatabase::database_name() + "_" + who;
+    EXPECT_EQ(RunTrnflow("project grant " + project + " " + role + " --read", p.env()).exit_code,
+              0);
+    return std::make_unique<schema::Catalog>(url);
   };
   auto b = member_of("sec-b");
   auto cm = member_of("sec-c");

@@ -32,18 +32,6 @@ using testing::WriteTempFile;
 
 const std::string& Db() { return TestDatabase::database_name(); }
 
-// A login role with a random password, scoped to this test's catalog (its comment lets the
-// harness drop it with the database); returns its URL.
-std::string NewLogin(const std::string& who) {
-  schema::Catalog admin(TestDatabase::owner_url());
-  std::string role = "trnflow_test_" + Db() + "_" + who;
-  std::string password = schema::RandomSecret();
-  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
-                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" + Db() +
-                   "): member'; SELECT 1");
-  return schema::WithLogin(TestDatabase::url(), role, password);
-}
-
 // Every closed and open ledger row, as one digest.
 std::string LedgerChecksum() {
   schema::Catalog owner(TestDatabase::owner_url());
@@ -72,7 +60,7 @@ class Tenants : public ::testing::Test {
     CliResult sched =
         RunTrnflow("schedule add b-nightly " + file + " --cron '0 2 * * *' --project ten-b");
     ASSERT_EQ(sched.exit_code, 0) << sched.err;
-    alice_url_ = NewLogin("alice");
+    alice_url_ = TestDatabase::NewLogin("alice");
     CliResult add = RunTrnflow("project add ten-a --member trnflow_test_" + Db() + "_alice");
     ASSERT_EQ(add.exit_code, 0) << add.err;
     ASSERT_EQ(RunTrnflow("project add ten-b").exit_code, 0);
