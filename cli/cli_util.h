@@ -40,6 +40,11 @@ struct ScheduleArgs {
   RunArgs run;  // file, project, params, speed
 };
 
+struct EventsArgs {
+  std::string project, run, since, kind, format = "table";
+  int limit = 100;
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };
@@ -66,6 +71,11 @@ int64_t ParseRunId(const std::string& text);
 std::string Table(const std::vector<std::string>& header,
                   const std::vector<std::vector<std::string>>& rows);
 std::string Hours(double seconds);  // "11.80"
+// What a stage has cost: its closed attempts plus the running one so far, the same figure
+// `runs`, `budget ls` and `spend` add up; "$1.20*" when a running attempt is in it.
+std::string SpentCell(const schema::StageRow& s);
+// A running stage's live progress, "42%, 3.1 sim h left (~2s)"; "" when it has not reported.
+std::string ProgressCell(const schema::StageRow& s, double speed);
 
 // Set by SIGINT/SIGTERM; long-running commands poll it.
 extern std::atomic<bool> g_interrupted;

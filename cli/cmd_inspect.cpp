@@ -1,7 +1,11 @@
 // trnflow validate / plan / runs / show / logs / instances: commands that read.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -139,6 +143,16 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
            {"market", s.market},
            {"needs", s.needs},
            {"cost_usd", Usd(s.cost)},
+           {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
+                                                     : nlohmann::json(nullptr)},
+           {"progress", s.live_progress >= 0 ? nlohmann::json(s.live_progress)
+                                             : nlohmann::json(nullptr)},
+           {"eta_sim_seconds",
+            s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
+           {"last_outcome",
+            s.last_outcome.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.last_outcome)},
+           {"last_message",
+            s.last_message.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.last_message)},
            {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
                                            : nlohmann::json(nullptr)},
            {"attempts", ja}});
@@ -164,11 +178,16 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   }
   std::string state = run->state;
   if (run->cancel_reason == "budget_exceeded") state += " (budget exceeded)";
+  double running = 0;
+  for (const auto& s : stages) running += s.running_cost_usd;
   std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project << "  "
             << state << "  created " << run->created_at
-            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
+            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  spent "
             << run->cost.ToDollars()
-            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n\n";
+            << (running > 0 ? " (running attempts included, marked *)" : "")
+            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n";
+  for (const auto& w : UnrunnableStages(*catalog, run_id, stages)) std::cout << "! " << w << "\n";
+  std::cout << "\n";
   auto metrics_cell = [&](int64_t stage_id) -> std::string {
     auto it = metrics.find(stage_id);
     if (it == metrics.end()) return "";
@@ -185,23 +204,32 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
     for (const auto& s : stages)
       rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
                       InstanceCell(s.instance_type, s.instance_count), s.market,
-                      Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars(),
-                      metrics_cell(s.id)});
+                      Hours(static_cast<double>(s.billed_seconds) +
+                            std::max(0.0, s.live_sim_seconds)),
+                      SpentCell(s), ProgressCell(s, run->speed), metrics_cell(s.id)});
     std::cout << Table({"STAGE", "KIND", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS",
-                        ">COST", "LATEST METRICS"},
+                        ">SPENT", "PROGRESS", "LATEST METRICS"},
                        rows);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : stages) {
     if (s.name != stage_filter) continue;
-    std::cout << "stage " << s.name << " (" << s.kind << ")  " << s.state << "\n\n";
+    std::cout << "stage " << s.name << " (" << s.kind << ")  " << s.state << "\n";
+    for (const auto& line : ExplainStageLines(*catalog, run_id, s.name))
+      std::cout << "  - " << line << "\n";
+    std::cout << "\n";
     for (const auto& a : attempts) {
       if (a.stage_id != s.id) continue;
-      rows.push_back({std::to_string(a.attempt), a.outcome.empty() ? "running" : a.outcome,
-                      a.worker, InstanceCell(a.instance_type, a.instance_count), a.market,
-                      a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(), a.wasted.ToDollars(),
-                      a.message});
+      bool open = a.outcome.empty();
+      rows.push_back({std::to_string(a.attempt), open ? "running" : a.outcome, a.worker,
+                      InstanceCell(a.instance_type, a.instance_count), a.market, a.started_at,
+                      Hours(open ? std::max(0.0, s.live_sim_seconds) : a.sim_seconds),
+                      open ? Money::FromMicros(std::llround(s.running_cost_usd * 1e6)).ToDollars() +
+                                 "*"
+                           : a.cost.ToDollars(),
+                      a.wasted.ToDollars(),
+                      open ? ProgressCell(s, run->speed) : a.message});
     }
   }
   std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
@@ -210,14 +238,13 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   return kExitOk;
 }
 
-int CmdLogs(const std::string& run_text, const std::string& stage) {
+int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   if (!catalog->GetRun(run_id))
     throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   namespace fs = std::filesystem;
   fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
-  int shown = 0;
   auto stages = catalog->GetStages(run_id);
   if (!stage.empty() &&
       std::none_of(stages.begin(), stages.end(), [&](const auto& s) { return s.name == stage; })) {
@@ -227,16 +254,57 @@ int CmdLogs(const std::string& run_text, const std::string& stage) {
     throw UserError("run " + run_text + " has no stage '" + stage + "'" +
                     (hint.empty() ? "; `trnflow show " + run_text + "` lists them" : "; " + hint));
   }
-  for (const auto& s : stages) {
-    if (!stage.empty() && s.name != stage) continue;
-    for (int a = 1; a <= s.attempts; ++a) {
-      fs::path p = dir / (s.name + ".attempt-" + std::to_string(a) + ".log");
-      std::ifstream in(p);
-      if (!in) continue;
-      std::cout << "==> " << s.name << " attempt " << a << " (" << p.string() << ") <==\n"
-                << in.rdbuf() << "\n";
-      ++shown;
+  // Each attempt's log, by path: how much of it is printed. A log that is not on this host (its
+  // worker ran elsewhere, with a TRNFLOW_HOME of its own) is named with the host that has it.
+  std::map<std::string, std::streamoff> printed;
+  std::set<std::string> elsewhere;
+  int shown = 0;
+  if (follow) InstallSignalHandlers();
+  while (true) {
+    auto attempts = catalog->GetAttempts(run_id);
+    for (const auto& s : stages) {
+      if (!stage.empty() && s.name != stage) continue;
+      if (s.kind != "run") continue;
+      for (const auto& a : attempts) {
+        if (a.stage_id != s.id) continue;
+        // Where its worker wrote it (found here when TRNFLOW_HOME is shared or this is that
+        // host), else this host's own TRNFLOW_HOME.
+        fs::path name = fs::path("logs") / ("run-" + std::to_string(run_id)) /
+                        (s.name + ".attempt-" + std::to_string(a.attempt) + ".log");
+        fs::path p = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
+        std::ifstream in(p, std::ios::binary);
+        if (!in && !a.worker_home.empty()) in.open(p = fs::path(HomeDir()) / name, std::ios::binary);
+        if (!in) {
+          std::string worker_host = a.worker.substr(0, a.worker.find(':'));
+          if (a.outcome != "cached" && !a.worker_home.empty() &&
+              elsewhere.insert(p.string()).second) {
+            std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
+                      << worker_host << " at " << (fs::path(a.worker_home) / name).string()
+                      << ", which this host cannot read (share TRNFLOW_HOME between hosts: "
+                         "docs/operations.md) <==\n";
+            ++shown;
+          }
+          continue;
+        }
+        auto [it, fresh] = printed.try_emplace(p.string(), 0);
+        in.seekg(it->second);
+        std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (fresh) {
+          std::cout << "==> " << s.name << " attempt " << a.attempt << " (" << p.string()
+                    << ") <==\n";
+          ++shown;
+        }
+        std::cout << chunk;
+        it->second += static_cast<std::streamoff>(chunk.size());
+      }
     }
+    std::cout << std::flush;
+    if (!follow) break;
+    auto run = catalog->GetRun(run_id);
+    if (!run || run->state != "running") break;  // what was written before the end is printed
+    if (g_interrupted) return kExitInterrupted;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    stages = catalog->GetStages(run_id);
   }
   if (!shown)
     std::cout << "no captured output" << (stage.empty() ? "" : " for stage " + stage)

@@ -114,6 +114,51 @@ int CmdSpend(const SpendArgs& a) {
     table.push_back(total);
   }
   std::cout << Table(header, table);
+  // The ledger holds closed attempts; what is running now is added where a total is meant
+  // (`runs`, `show`, `budget ls`), and named here.
+  if (q.until.empty()) {
+    auto [n, running] = catalog->RunningSpend(a.project, a.pipeline);
+    if (n > 0)
+      std::cout << "\n+ " << running.ToDollars() << " in " << n << " running attempt"
+                << (n == 1 ? "" : "s") << " (not in the ledger until they end; `runs`, `show` "
+                << "and `budget ls` include it)\n";
+  }
+  return kExitOk;
+}
+
+int CmdEvents(const EventsArgs& a) {
+  std::string since = ReadDate("--since", a.since);
+  int64_t run_id = a.run.empty() ? 0 : ParseRunId(a.run);
+  auto catalog = OpenCatalog();
+  auto rows = catalog->EventLog(a.project, run_id, since, a.kind, a.limit);
+  if (a.format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    auto or_null = [](const std::string& s) {
+      return s.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(s);
+    };
+    for (const auto& e : rows)
+      out.push_back({{"at", e.at},
+                     {"kind", e.kind},
+                     {"project", or_null(e.project)},
+                     {"run_id", e.run_id ? nlohmann::ordered_json(std::to_string(e.run_id))
+                                         : nlohmann::ordered_json(nullptr)},
+                     {"stage", or_null(e.stage)},
+                     {"attempt", e.attempt ? nlohmann::ordered_json(e.attempt)
+                                           : nlohmann::ordered_json(nullptr)},
+                     {"message", e.message},
+                     {"data", nlohmann::ordered_json::parse(e.data_json, nullptr, false)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (rows.empty()) {
+    std::cout << "no events" << (a.project.empty() ? "" : " for project " + a.project) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> table;
+  for (const auto& e : rows)
+    table.push_back({e.at, e.kind, e.project, e.run_id ? std::to_string(e.run_id) : "",
+                     e.message});
+  std::cout << Table({"AT", "KIND", "PROJECT", ">RUN", "WHAT"}, table);
   return kExitOk;
 }
 

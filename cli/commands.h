@@ -17,14 +17,16 @@ int CmdValidate(const std::vector<std::string>& files);
 int CmdPlan(const RunArgs& args);
 int CmdRun(const RunArgs& args);
 int CmdSubmit(const RunArgs& args);
-int CmdWatch(const std::string& run);
+// execute: run the run's stages in this process too (as `run` does), not only follow it.
+int CmdWatch(const std::string& run, bool execute, const SandboxArgs& sandbox);
 int CmdCancel(const std::string& run);
 int CmdResume(const std::string& run);
 int CmdRetry(const std::string& run, const std::string& stage);
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
-int CmdLogs(const std::string& run, const std::string& stage);
+// follow: keep printing what the run's attempts write until the run ends (`logs -f`).
+int CmdLogs(const std::string& run, const std::string& stage, bool follow);
 int CmdInstances(const std::string& format, bool sources);
 int CmdDbMigrate();
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
@@ -34,6 +36,7 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& options);
 int CmdScheduler();
 
 int CmdSpend(const SpendArgs& args);
+int CmdEvents(const EventsArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
 int CmdBudgetRemove(const std::string& project);
 int CmdBudgetList(const std::string& format);
@@ -55,6 +58,14 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool
 int CmdCacheWhy(const std::string& run, const std::string& stage);
 // `cache trust PROJECT TRUSTED` / `cache untrust ...`; with `list`, the pairs instead.
 int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list);
+
+int CmdExplain(const std::string& run, const std::string& stage, const std::string& format);
+// Ready stages of the run that no live worker can take, one sentence per pool and size.
+std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_id,
+                                          const std::vector<schema::StageRow>& stages);
+// What a stage of the run waits for, a sentence each (empty: no such stage).
+std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run_id,
+                                           const std::string& stage);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.

@@ -98,9 +98,21 @@ int main(int argc, char** argv) {
   show->add_option("--format", show_format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
 
+  std::string explain_run, explain_stage, explain_format = "table";
+  auto* explain = app.add_subcommand("explain", "why a stage is not running (or what it did)");
+  explain->add_option("RUN", explain_run, "run id")->required();
+  explain->add_option("STAGE", explain_stage, "stage name")->required();
+  explain->add_option("--format", explain_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+
   std::string watch_run;
   auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
   watch->add_option("RUN", watch_run, "run id")->required();
+  bool watch_execute = false;
+  watch->add_flag("--execute", watch_execute,
+                  "also run its stages in this process, as `run` does (no daemons needed)");
+  SandboxArgs watch_sandbox;
+  AddSandboxOptions(watch, watch_sandbox);
 
   std::string cancel_run;
   auto* cancel =
@@ -122,6 +134,8 @@ int main(int argc, char** argv) {
   auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
   logs->add_option("RUN", logs_run, "run id")->required();
   logs->add_option("STAGE", logs_stage, "only this stage");
+  bool logs_follow = false;
+  logs->add_flag("-f,--follow", logs_follow, "keep printing new output until the run ends");
 
   std::string instances_format = "table";
   bool instances_sources = false;
@@ -140,6 +154,20 @@ int main(int argc, char** argv) {
                     "group by any of project,pipeline,run,stage,kind,instance,market,day,month");
   spend->add_option("--format", spend_args.format, "table, csv or json")
       ->check(CLI::IsMember({"table", "csv", "json"}));
+
+  EventsArgs events_args;
+  auto* events = app.add_subcommand(
+      "events", "what happened to money and stages: budget thresholds and stops, interruptions, "
+                "lost attempts");
+  events->add_option("--project", events_args.project, "only this project");
+  events->add_option("--run", events_args.run, "only this run");
+  events->add_option("--since", events_args.since, "from this day (YYYY-MM-DD) or time ago (7d)");
+  events->add_option("--kind", events_args.kind, "only this kind")
+      ->check(CLI::IsMember({"budget", "interruption", "capacity", "lost"}));
+  events->add_option("--limit", events_args.limit, "the newest this many (default 100)")
+      ->check(CLI::Range(1, 100000));
+  events->add_option("--format", events_args.format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
 
   auto* budget = app.add_subcommand("budget", "project budgets");
   budget->require_subcommand(1);
@@ -280,14 +308,16 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return CmdPlan(plan_args);
     if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
-    if (watch->parsed()) return CmdWatch(watch_run);
+    if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox);
+    if (explain->parsed()) return CmdExplain(explain_run, explain_stage, explain_format);
     if (cancel->parsed()) return CmdCancel(cancel_run);
     if (resume->parsed()) return CmdResume(resume_run);
     if (retry->parsed()) return CmdRetry(retry_run, retry_stage);
-    if (logs->parsed()) return CmdLogs(logs_run, logs_stage);
+    if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_follow);
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
+    if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
     if (sched_ls->parsed()) return CmdScheduleList();
     if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
