@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/cli_util.h"
+#include "pipelines/plan.h"
 
 namespace trnflow::workers {
 struct WorkerOptions;
@@ -57,8 +58,12 @@ int CmdCacheWhy(const std::string& run, const std::string& stage);
 int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
-// Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
-                   const std::string& project, bool force);
+// Throws UserError (nothing written) when the plan's total (EstimatePlan, the figure `plan`
+// prints) exceeds the budget left, unless forced.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
+                   const pipelines::Plan& plan, const std::string& project, bool force);
+// The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the
+// environment's spot rate applied; nullopt when it has errors.
+std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a);
 
 }  // namespace trnflow::cli
