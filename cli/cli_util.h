@@ -40,6 +40,13 @@ struct ScheduleArgs {
   RunArgs run;  // file, project, params, speed
 };
 
+// `schedule update NAME`: what to change; empty means keep.
+struct ScheduleUpdateArgs {
+  std::string name, file, cron, tz;
+  std::vector<std::string> params;  // key=value, over the stored ones
+  bool reset_params = false;        // drop the stored params first
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };

@@ -46,6 +46,10 @@ int CmdProjectList();
 
 int CmdScheduleAdd(const ScheduleArgs& args);
 int CmdScheduleList();
+int CmdScheduleShow(const std::string& name, const std::string& format);
+// Re-reads and validates the file (errors: exit 2, nothing written), then replaces the
+// snapshot, and params or cron when given.
+int CmdScheduleUpdate(const ScheduleUpdateArgs& args);
 int CmdSchedulePause(const std::string& name, bool paused);
 int CmdScheduleRemove(const std::string& name);
 int CmdCacheList();
