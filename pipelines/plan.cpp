@@ -12,6 +12,21 @@
 
 namespace trnflow::pipelines {
 namespace {
+// printf into a string of whatever length it takes.
+template <typename... Args>
+std::string Format(const char* fmt, Args... args) {
+  int n = std::snprintf(nullptr, 0, fmt, args...);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::snprintf(out.data(), out.size() + 1, fmt, args...);
+  return out;
+}
+
+// A table line without the padding a last empty column leaves.
+std::string Line(std::string text) {
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text + "\n";
+}
+
 double Round(double v, int places) {
   double f = std::pow(10.0, places);
   return std::round(v * f) / f;
@@ -209,12 +224,10 @@ std::string PlanToTable(const Plan& plan) {
   };
   size_t sw = 6;
   for (const auto& s : plan.stages) sw = std::max(sw, source_of(s).size());
-  std::string out;
-  char line[768];
-  std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  %s\n",
-                static_cast<int>(w), "STAGE", "KIND", "INSTANCE", "MARKET", "HOURS", "COST",
-                "ON-DEMAND", static_cast<int>(sw), "SOURCE", "NOTES");
-  out += line;
+  std::string out = Line(Format("%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  %s",
+                                 static_cast<int>(w), "STAGE", "KIND", "INSTANCE", "MARKET",
+                                 "HOURS", "COST", "ON-DEMAND", static_cast<int>(sw), "SOURCE",
+                                 "NOTES"));
   for (const auto& s : plan.stages) {
     std::string notes;
     bool unknown = s.source == EstimateSource::kUnknown;
@@ -247,16 +260,15 @@ std::string PlanToTable(const Plan& plan) {
     // An unknown length shows as such: its cost is a floor, not a figure.
     std::string cost = (unknown ? ">=" : "") + s.cost.ToDollars();
     std::string on_demand = (unknown ? ">=" : "") + s.on_demand_cost.ToDollars();
-    std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  %s\n",
-                  static_cast<int>(w), s.name.c_str(), s.kind.c_str(), inst.c_str(),
-                  s.market.c_str(), unknown ? "?" : hours, cost.c_str(), on_demand.c_str(),
-                  static_cast<int>(sw), source_of(s).c_str(), notes.c_str());
-    out += line;
+    out += Line(Format("%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  ", static_cast<int>(w),
+                       s.name.c_str(), s.kind.c_str(), inst.c_str(), s.market.c_str(),
+                       unknown ? "?" : hours, cost.c_str(), on_demand.c_str(),
+                       static_cast<int>(sw), source_of(s).c_str()) +
+                notes);
   }
-  std::snprintf(line, sizeof line, "total: %s%s, %.2f hours on the critical path\n",
+  out += Format("total: %s%s, %.2f hours on the critical path\n",
                 plan.unknown_stages.empty() ? "" : "at least ", plan.total_cost.ToDollars().c_str(),
                 plan.total_hours);
-  out += line;
   if (!plan.unknown_stages.empty()) {
     std::string names;
     for (const auto& n : plan.unknown_stages) names += (names.empty() ? "" : ", ") + n;
