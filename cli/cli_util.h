@@ -45,6 +45,13 @@ struct EventsArgs {
   int limit = 100;
 };
 
+// `schedule update NAME`: what to change; empty means keep.
+struct ScheduleUpdateArgs {
+  std::string name, file, cron, tz;
+  std::vector<std::string> params;  // key=value, over the stored ones
+  bool reset_params = false;        // drop the stored params first
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };

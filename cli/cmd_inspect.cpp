@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/plan_estimate.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "pipelines/diagnostics.h"
@@ -44,21 +45,20 @@ int CmdValidate(const std::vector<std::string>& files) {
 }
 
 int CmdPlan(const RunArgs& a) {
-  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
-  auto pipeline = LoadOrReport(a.file, lo);
-  if (!pipeline)
-    return kExitBadInput;  // The plan reads the compile cache when the catalog is reachable; it
-                           // plans without it if not.
+  auto pipeline = LoadForSubmit(a);  // loaded as `run` and `submit` load it
+  if (!pipeline) return kExitBadInput;
+  // The cache and past runs come from the catalog when it is reachable; without it the plan
+  // still prices every simulated stage and every run: stage with an estimate:.
   std::unique_ptr<schema::Catalog> catalog;
+  pipelines::Plan plan;
   try {
     catalog = OpenCatalog();
-  } catch (const CatalogUnavailable&) {
+    plan = EstimatePlan(*pipeline, catalog.get());
+  } catch (const CatalogUnavailable& e) {
+    std::cerr << "trnflow: note: planning without the catalog (" << e.what()
+              << "): no compile cache, no past runs\n";
+    plan = EstimatePlan(*pipeline, nullptr);
   }
-  pipelines::Plan plan = pipelines::MakePlan(*pipeline, [&](const std::string& key) {
-    if (!catalog) return false;
-    auto a = catalog->GetArtifact(key);
-    return a && a->state == "ready";
-  });
   std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
   return kExitOk;
 }

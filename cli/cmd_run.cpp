@@ -11,6 +11,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/plan_estimate.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -211,8 +212,6 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
               << run->id << "`\n";
 }
 
-// The file, validated (diagnostics printed), with the environment's spot rate applied;
-// nullopt when it has errors.
 std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
   auto pipeline = LoadOrReport(a.file, {ParseParams(a.params), a.project});
   if (pipeline) ApplySpotRateMultiplier(*pipeline);
@@ -223,8 +222,8 @@ std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
 // the budget refuses it.
 int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
-  AdmitOrRefuse(catalog, p, pipelines::MakePlan(p).total_cost,
-                a.project.empty() ? p.project : a.project, a.force);
+  AdmitOrRefuse(catalog, p, EstimatePlan(p, &catalog), a.project.empty() ? p.project : a.project,
+                a.force);
   return catalog.SubmitRun(p, opts);
 }
 

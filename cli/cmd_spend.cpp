@@ -254,22 +254,52 @@ int CmdProjectList() {
   return kExitOk;
 }
 
-// Refuses a run whose estimate exceeds what its project's budget (or its own budget_usd) has
-// left, unless forced. Nothing is written when it refuses.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
-                   const std::string& project, bool force) {
+namespace {
+
+// Dollars to the cent, or to the micro-dollar when cents would show two different figures as
+// the same.
+std::pair<std::string, std::string> TwoFigures(Money a, Money b) {
+  if (a != b && a.ToDollars() == b.ToDollars()) return {"$" + a.ToDecimal(), "$" + b.ToDecimal()};
+  return {a.ToDollars(), b.ToDollars()};
+}
+
+}  // namespace
+
+// Refuses a run whose plan exceeds what its project's budget (or its own budget_usd) has
+// left, unless forced. Nothing is written when it refuses. Stages of unknown length count at
+// their billing minimum, as in `plan`; the message says so.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
+                   const pipelines::Plan& plan, const std::string& project, bool force) {
   if (force) return;
-  if (p.budget && estimate > *p.budget)
-    throw UserError("the plan estimates " + estimate.ToDollars() + ", over this run's budget_usd " +
-                    p.budget->ToDollars() +
+  Money estimate = plan.total_cost;
+  std::string unknown;
+  if (!plan.unknown_stages.empty()) {
+    size_t n = plan.unknown_stages.size();
+    unknown = " (at least: " + std::to_string(n) + (n == 1 ? " stage" : " stages") +
+              " of unknown length counted at the billing minimum)";
+  }
+  if (p.budget && estimate > *p.budget) {
+    auto [est, cap] = TwoFigures(estimate, *p.budget);
+    throw UserError("the plan estimates " + est + unknown + ", over this run's budget_usd " + cap +
                     " (see `trnflow plan`); raise budget_usd, or pass --force");
-  for (const auto& b : catalog.ProjectBudgets(project)) {
+  }
+  auto budgets = catalog.ProjectBudgets(project);
+  for (const auto& b : budgets) {
     Money left = b.amount - b.spent;
-    if (estimate > left)
-      throw UserError("the plan estimates " + estimate.ToDollars() + " but project " + project +
-                      " has " + left.ToDollars() + " left of its " + b.period + " budget of " +
-                      b.amount.ToDollars() + " (" + b.spent.ToDollars() +
+    if (estimate > left) {
+      auto [est, rest] = TwoFigures(estimate, left);
+      throw UserError("the plan estimates " + est + unknown + " but project " + project + " has " +
+                      rest + " left of its " + b.period + " budget of " + b.amount.ToDollars() +
+                      " (" + b.spent.ToDollars() +
                       " spent); raise it with `trnflow budget set`, or pass --force");
+    }
+  }
+  if (!unknown.empty() && (p.budget || !budgets.empty())) {
+    std::string names;
+    for (const auto& n : plan.unknown_stages) names += (names.empty() ? "" : ", ") + n;
+    std::cerr << "trnflow: note: the budget check counted " << names
+              << " at the 60 s billing minimum: their length is unknown (give them an "
+                 "`estimate:`; see `trnflow plan`)\n";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/cli_util.h"
+#include "pipelines/plan.h"
 
 namespace trnflow::workers {
 struct WorkerOptions;
@@ -48,6 +49,10 @@ int CmdProjectList();
 
 int CmdScheduleAdd(const ScheduleArgs& args);
 int CmdScheduleList();
+int CmdScheduleShow(const std::string& name, const std::string& format);
+// Re-reads and validates the file (errors: exit 2, nothing written), then replaces the
+// snapshot, and params or cron when given.
+int CmdScheduleUpdate(const ScheduleUpdateArgs& args);
 int CmdSchedulePause(const std::string& name, bool paused);
 int CmdScheduleRemove(const std::string& name);
 int CmdCacheList();
@@ -68,8 +73,12 @@ std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run
                                            const std::string& stage);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
-// Throws UserError (nothing written) when the estimate exceeds the budget left, unless forced.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
-                   const std::string& project, bool force);
+// Throws UserError (nothing written) when the plan's total (EstimatePlan, the figure `plan`
+// prints) exceeds the budget left, unless forced.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
+                   const pipelines::Plan& plan, const std::string& project, bool force);
+// The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the
+// environment's spot rate applied; nullopt when it has errors.
+std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a);
 
 }  // namespace trnflow::cli

@@ -236,6 +236,24 @@ int main(int argc, char** argv) {
   sched_add->add_option("--project", sched_args.run.project, "project to charge");
   sched_add->add_option("--speed", sched_args.run.speed, "simulated seconds per wall second");
   auto* sched_ls = schedule->add_subcommand("ls", "schedules with their next slot");
+  std::string sched_format = "table";
+  auto* sched_show = schedule->add_subcommand(
+      "show", "a schedule: its pipeline snapshot, params, next slots, last fire, and whether "
+              "the file differs from the snapshot");
+  sched_show->add_option("NAME", sched_name, "schedule")->required();
+  sched_show->add_option("--format", sched_format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}));
+  ScheduleUpdateArgs sched_update_args;
+  auto* sched_update = schedule->add_subcommand(
+      "update", "re-read the pipeline file (or --file), validate it, replace the snapshot");
+  sched_update->add_option("NAME", sched_update_args.name, "schedule")->required();
+  sched_update->add_option("--file", sched_update_args.file, "take the pipeline from this file");
+  sched_update->add_option("--param", sched_update_args.params,
+                           "key=value over the stored params (repeatable)");
+  sched_update->add_flag("--reset-params", sched_update_args.reset_params,
+                         "drop the stored params first");
+  sched_update->add_option("--cron", sched_update_args.cron, "a new cron expression");
+  sched_update->add_option("--tz", sched_update_args.tz, "a new IANA time zone");
   auto* sched_pause = schedule->add_subcommand("pause", "stop firing a schedule");
   sched_pause->add_option("NAME", sched_name, "schedule")->required();
   auto* sched_resume = schedule->add_subcommand("resume", "fire it again, from now on");
@@ -320,6 +338,8 @@ int main(int argc, char** argv) {
     if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
     if (sched_ls->parsed()) return CmdScheduleList();
+    if (sched_show->parsed()) return CmdScheduleShow(sched_name, sched_format);
+    if (sched_update->parsed()) return CmdScheduleUpdate(sched_update_args);
     if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
     if (sched_resume->parsed()) return CmdSchedulePause(sched_name, false);
     if (sched_rm->parsed()) return CmdScheduleRemove(sched_name);

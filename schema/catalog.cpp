@@ -1248,6 +1248,61 @@ std::vector<ScheduleRow> Catalog::ListSchedules() {
   });
 }
 
+std::optional<ScheduleRow> Catalog::GetSchedule(const std::string& name) {
+  return impl_->Guard([&]() -> std::optional<ScheduleRow> {
+    pqxx::work tx(impl_->C());
+    auto rows = impl_->Exec(tx, "GetSchedule", name);
+    if (rows.empty()) return std::nullopt;
+    const auto& row = rows[0];
+    ScheduleRow r;
+    r.name = row[0].as<std::string>();
+    r.file = row[1].as<std::string>();
+    r.source = row[2].as<std::string>();
+    r.params_json = row[3].as<std::string>();
+    r.project = row[4].as<std::string>();
+    r.cron = row[5].as<std::string>();
+    r.tz = row[6].as<std::string>();
+    r.catchup = row[7].as<std::string>();
+    r.speed = row[8].as<double>();
+    r.workdir = row[9].as<std::string>();
+    r.paused = row[10].as<bool>();
+    r.last_slot_epoch = row[11].as<double>();
+    r.last_run = row[12].as<int64_t>();
+    r.fires = row[13].as<int64_t>();
+    r.created_at = row[14].as<std::string>();
+    r.updated_at = row[15].as<std::string>();
+    r.last_slot_fired = row[16].as<std::string>();
+    r.last_fired_at = row[17].as<std::string>();
+    r.last_run_state = row[18].as<std::string>();
+    return r;
+  });
+}
+
+bool Catalog::UpdateSchedule(const ScheduleRow& r) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool found = !impl_
+                      ->Exec(tx, "UpdateSchedule", r.name, r.file, r.source, r.params_json,
+                             r.project, r.cron, r.tz, r.workdir)
+                      .empty();
+    tx.commit();
+    return found;
+  });
+}
+
+std::map<std::string, StageHistoryRow> Catalog::StageHistory(
+    const std::string& project, const std::string& pipeline,
+    const std::vector<std::string>& stages) {
+  if (stages.empty()) return {};
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::map<std::string, StageHistoryRow> out;
+    for (const auto& row : impl_->Exec(tx, "StageHistory", project, pipeline, TextArray(stages)))
+      out[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<int>()};
+    return out;
+  });
+}
+
 bool Catalog::SetSchedulePaused(const std::string& name, bool paused) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

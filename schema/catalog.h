@@ -300,6 +300,16 @@ struct ScheduleRow {
   double last_slot_epoch = 0;  // slots after this are due (seconds since 1970, UTC)
   int64_t last_run = 0;        // run of the latest fired slot, 0 if none
   int64_t fires = 0;
+  // GetSchedule only (UTC, ISO 8601; "" when none):
+  std::string created_at, updated_at;  // added; its snapshot taken
+  std::string last_slot_fired, last_fired_at, last_run_state;  // the latest fire and its run
+};
+
+// A run: stage's past, for planning: the median simulated seconds of its succeeded attempts
+// and over how many runs.
+struct StageHistoryRow {
+  double median_seconds = 0;
+  int runs = 0;
 };
 
 struct MigrateReport {
@@ -471,10 +481,20 @@ class Catalog {
   bool AddCacheTrust(const std::string& project, const std::string& trusts);
   bool RemoveCacheTrust(const std::string& project, const std::string& trusts);  // false: none
   std::vector<std::pair<std::string, std::string>> ListCacheTrust();  // (project, trusts)
+  // --- planning ------------------------------------------------------------------------------
+  // The past of run: stages named `stages` in `project`'s runs of `pipeline` (latest 20 runs
+  // each); a stage that never succeeded there is absent.
+  std::map<std::string, StageHistoryRow> StageHistory(const std::string& project,
+                                                      const std::string& pipeline,
+                                                      const std::vector<std::string>& stages);
   // --- schedules -----------------------------------------------------------------------------
   // False when a schedule of that name exists.
   bool AddSchedule(const ScheduleRow& s);
   std::vector<ScheduleRow> ListSchedules();
+  std::optional<ScheduleRow> GetSchedule(const std::string& name);  // nullopt: no such schedule
+  // Replaces the snapshot, params, project, cron, tz and workdir of `s.name` (a new cron or tz
+  // counts from now). False: no such schedule.
+  bool UpdateSchedule(const ScheduleRow& s);
   bool SetSchedulePaused(const std::string& name, bool paused);  // false: no such schedule
   bool RemoveSchedule(const std::string& name);
   // Fires one slot: records it and submits the run in one transaction. Returns the run id, or
