@@ -1222,28 +1222,33 @@ bool Catalog::AddSchedule(const ScheduleRow& r) {
   });
 }
 
+namespace {
+// The columns ListSchedules and GetSchedule share; GetSchedule's extra ones follow them.
+ScheduleRow ReadSchedule(const pqxx::row& row) {
+  ScheduleRow r;
+  r.name = row[0].as<std::string>();
+  r.file = row[1].as<std::string>();
+  r.source = row[2].as<std::string>();
+  r.params_json = row[3].as<std::string>();
+  r.project = row[4].as<std::string>();
+  r.cron = row[5].as<std::string>();
+  r.tz = row[6].as<std::string>();
+  r.catchup = row[7].as<std::string>();
+  r.speed = row[8].as<double>();
+  r.workdir = row[9].as<std::string>();
+  r.paused = row[10].as<bool>();
+  r.last_slot_epoch = row[11].as<double>();
+  r.last_run = row[12].as<int64_t>();
+  r.fires = row[13].as<int64_t>();
+  return r;
+}
+}  // namespace
+
 std::vector<ScheduleRow> Catalog::ListSchedules() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<ScheduleRow> out;
-    for (const auto& row : impl_->Exec(tx, "ListSchedules")) {
-      ScheduleRow r;
-      r.name = row[0].as<std::string>();
-      r.file = row[1].as<std::string>();
-      r.source = row[2].as<std::string>();
-      r.params_json = row[3].as<std::string>();
-      r.project = row[4].as<std::string>();
-      r.cron = row[5].as<std::string>();
-      r.tz = row[6].as<std::string>();
-      r.catchup = row[7].as<std::string>();
-      r.speed = row[8].as<double>();
-      r.workdir = row[9].as<std::string>();
-      r.paused = row[10].as<bool>();
-      r.last_slot_epoch = row[11].as<double>();
-      r.last_run = row[12].as<int64_t>();
-      r.fires = row[13].as<int64_t>();
-      out.push_back(std::move(r));
-    }
+    for (const auto& row : impl_->Exec(tx, "ListSchedules")) out.push_back(ReadSchedule(row));
     return out;
   });
 }
@@ -1254,21 +1259,7 @@ std::optional<ScheduleRow> Catalog::GetSchedule(const std::string& name) {
     auto rows = impl_->Exec(tx, "GetSchedule", name);
     if (rows.empty()) return std::nullopt;
     const auto& row = rows[0];
-    ScheduleRow r;
-    r.name = row[0].as<std::string>();
-    r.file = row[1].as<std::string>();
-    r.source = row[2].as<std::string>();
-    r.params_json = row[3].as<std::string>();
-    r.project = row[4].as<std::string>();
-    r.cron = row[5].as<std::string>();
-    r.tz = row[6].as<std::string>();
-    r.catchup = row[7].as<std::string>();
-    r.speed = row[8].as<double>();
-    r.workdir = row[9].as<std::string>();
-    r.paused = row[10].as<bool>();
-    r.last_slot_epoch = row[11].as<double>();
-    r.last_run = row[12].as<int64_t>();
-    r.fires = row[13].as<int64_t>();
+    ScheduleRow r = ReadSchedule(row);
     r.created_at = row[14].as<std::string>();
     r.updated_at = row[15].as<std::string>();
     r.last_slot_fired = row[16].as<std::string>();
