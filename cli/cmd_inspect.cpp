@@ -1,4 +1,5 @@
-// trnflow validate / plan / runs / show / logs / instances: commands that read.
+// trnflow validate / plan / runs / show / logs / instances / models: commands that read.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -22,13 +23,39 @@ std::string InstanceCell(const std::string& type, int count) {
 
 }  // namespace
 
-int CmdValidate(const std::vector<std::string>& files) {
+int CmdValidate(const std::vector<std::string>& files, const std::string& format) {
   int bad = 0;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& f : files) {
     auto r = pipelines::LoadPipelineFile(f, {});
+    bool ok = !r.diagnostics.has_errors();
+    if (!ok) ++bad;
+    if (format == "json") {
+      nlohmann::ordered_json diags = nlohmann::ordered_json::array();
+      int warnings = 0;
+      for (const auto& d : r.diagnostics.all()) {
+        bool error = d.severity == pipelines::Severity::kError;
+        warnings += error ? 0 : 1;
+        diags.push_back(
+            {{"file", f},
+             {"line", d.loc.line > 0 ? nlohmann::json(d.loc.line) : nlohmann::json(nullptr)},
+             {"col", d.loc.col > 0 ? nlohmann::json(d.loc.col) : nlohmann::json(nullptr)},
+             {"severity", error ? "error" : "warning"},
+             {"message", d.message},
+             {"hint", OrNull(d.hint)}});
+      }
+      out.push_back(
+          {{"file", f},
+           {"ok", ok},
+           {"pipeline", ok ? OrNull(r.pipeline->name) : nlohmann::json(nullptr)},
+           {"stages", ok ? nlohmann::json(r.pipeline->stages.size()) : nlohmann::json(nullptr)},
+           {"errors", r.diagnostics.error_count()},
+           {"warnings", warnings},
+           {"diagnostics", diags}});
+      continue;
+    }
     std::cerr << r.diagnostics.Format();
-    if (r.diagnostics.has_errors()) {
-      ++bad;
+    if (!ok) {
       int n = r.diagnostics.error_count();
       std::cerr << n << (n == 1 ? " error" : " errors") << " in " << f << "\n";
     } else {
@@ -36,6 +63,7 @@ int CmdValidate(const std::vector<std::string>& files) {
       std::cout << f << ": ok (" << n << (n == 1 ? " stage)\n" : " stages)\n");
     }
   }
+  if (format == "json") std::cout << out.dump(2) << "\n";
   return bad ? kExitBadInput : kExitOk;
 }
 
@@ -62,6 +90,7 @@ int CmdPlan(const RunArgs& a) {
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format) {
   auto catalog = OpenCatalog();
+  RequireProject(*catalog, project);
   auto runs = catalog->ListRuns(project, state, limit);
   if (format == "json") {
     nlohmann::json out = nlohmann::json::array();
@@ -90,6 +119,92 @@ int CmdRuns(const std::string& project, const std::string& state, int limit,
   return kExitOk;
 }
 
+namespace {
+
+// A stage named `filter`: by its name, or for a matrix stage by the name in the file
+// ("compile" for every "compile[batch=...]").
+bool StageMatches(const std::string& name, const std::string& filter) {
+  return filter.empty() || name == filter || name.substr(0, name.find('[')) == filter;
+}
+
+// `show --format json`: the run, its stages (or one, by name) and their attempts.
+nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
+                       const std::string& stage_filter) {
+  auto stages = catalog.GetStages(run.id);
+  auto attempts = catalog.GetAttempts(run.id);
+  auto metrics = catalog.LatestStageMetrics(run.id);
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& s : stages) {
+    if (!StageMatches(s.name, stage_filter)) continue;
+    nlohmann::json ja = nlohmann::json::array();
+    for (const auto& a : attempts) {
+      if (a.stage_id != s.id) continue;
+      ja.push_back({{"attempt", a.attempt},
+                    {"outcome", OrNull(a.outcome)},
+                    {"worker", OrNull(a.worker)},
+                    {"instance_type", OrNull(a.instance_type)},
+                    {"instance_count", a.instance_count},
+                    {"market", OrNull(a.market)},
+                    {"price_usd_hour", Usd(a.price_per_hour)},
+                    {"started_at", OrNull(a.started_at)},
+                    {"finished_at", OrNull(a.finished_at)},
+                    {"sim_hours", a.sim_seconds / 3600},
+                    {"billed_seconds", a.billed_seconds},
+                    {"cost_usd", Usd(a.cost)},
+                    {"wasted_usd", Usd(a.wasted)},
+                    {"saved_usd", Usd(a.saved)},
+                    {"progress_from", a.progress_from},
+                    {"progress_to", a.progress_to},
+                    {"message", OrNull(a.message)}});
+    }
+    js.push_back(
+        {{"name", s.name},
+         {"kind", s.kind},
+         {"state", s.state},
+         {"instance_type", OrNull(s.instance_type)},
+         {"instance_count", s.instance_count},
+         {"market", OrNull(s.market)},
+         {"needs", s.needs},
+         {"cost_usd", Usd(s.cost)},
+         {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
+                                         : nlohmann::json(nullptr)},
+         {"attempts", ja}});
+  }
+  return {{"run",
+           {{"run_id", std::to_string(run.id)},
+            {"project", run.project},
+            {"pipeline", run.pipeline},
+            {"state", run.state},
+            {"cancel_reason", OrNull(run.cancel_reason)},
+            {"budget_usd", run.budget ? nlohmann::json(Usd(*run.budget)) : nlohmann::json(nullptr)},
+            {"speed", run.speed},
+            {"seed", run.seed},
+            {"created_at", run.created_at},
+            {"finished_at", OrNull(run.finished_at)},
+            {"cost_usd", Usd(run.cost)}}},
+          {"stages", js}};
+}
+
+// The stage names of a run, for "did you mean" (expanded names and matrix base names).
+std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages) {
+  std::vector<std::string> names;
+  for (const auto& s : stages) {
+    names.push_back(s.name);
+    std::string base = s.name.substr(0, s.name.find('['));
+    if (base != s.name && std::find(names.begin(), names.end(), base) == names.end())
+      names.push_back(base);
+  }
+  return names;
+}
+
+}  // namespace
+
+void PrintRunJson(schema::Catalog& catalog, int64_t run_id) {
+  auto run = catalog.GetRun(run_id);
+  if (!run) throw UserError("no run " + std::to_string(run_id) + "; `trnflow runs` lists them");
+  std::cout << RunJson(catalog, *run, "").dump(2) << "\n";
+}
+
 int CmdShow(const std::string& run_text, const std::string& stage_filter,
             const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
@@ -101,65 +216,14 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   auto metrics = catalog->LatestStageMetrics(run_id);
   if (!stage_filter.empty()) {
     bool found = false;
-    for (const auto& s : stages) found = found || s.name == stage_filter;
-    if (!found) throw UserError("run " + run_text + " has no stage '" + stage_filter + "'");
+    for (const auto& s : stages) found = found || StageMatches(s.name, stage_filter);
+    if (!found)
+      throw UserError("run " + run_text + " has no stage '" + stage_filter + "'" +
+                      NameHint(stage_filter, StageNames(stages),
+                               "; `trnflow show " + run_text + "` lists them"));
   }
   if (format == "json") {
-    nlohmann::json js = nlohmann::json::array();
-    for (const auto& s : stages) {
-      if (!stage_filter.empty() && s.name != stage_filter) continue;
-      nlohmann::json ja = nlohmann::json::array();
-      for (const auto& a : attempts) {
-        if (a.stage_id != s.id) continue;
-        ja.push_back(
-            {{"attempt", a.attempt},
-             {"outcome", a.outcome.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.outcome)},
-             {"worker", a.worker},
-             {"instance_type", a.instance_type},
-             {"instance_count", a.instance_count},
-             {"market", a.market},
-             {"price_usd_hour", Usd(a.price_per_hour)},
-             {"started_at", a.started_at},
-             {"finished_at", a.finished_at},
-             {"sim_hours", a.sim_seconds / 3600},
-             {"billed_seconds", a.billed_seconds},
-             {"cost_usd", Usd(a.cost)},
-             {"wasted_usd", Usd(a.wasted)},
-             {"saved_usd", Usd(a.saved)},
-             {"progress_from", a.progress_from},
-             {"progress_to", a.progress_to},
-             {"message", a.message}});
-      }
-      js.push_back(
-          {{"name", s.name},
-           {"kind", s.kind},
-           {"state", s.state},
-           {"instance_type", s.instance_type},
-           {"instance_count", s.instance_count},
-           {"market", s.market},
-           {"needs", s.needs},
-           {"cost_usd", Usd(s.cost)},
-           {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
-                                           : nlohmann::json(nullptr)},
-           {"attempts", ja}});
-    }
-    nlohmann::json out = {
-        {"run",
-         {{"run_id", std::to_string(run->id)},
-          {"project", run->project},
-          {"pipeline", run->pipeline},
-          {"state", run->state},
-          {"cancel_reason", run->cancel_reason.empty() ? nlohmann::json(nullptr)
-                                                       : nlohmann::json(run->cancel_reason)},
-          {"budget_usd", run->budget ? nlohmann::json(Usd(*run->budget)) : nlohmann::json(nullptr)},
-          {"speed", run->speed},
-          {"seed", run->seed},
-          {"created_at", run->created_at},
-          {"finished_at",
-           run->finished_at.empty() ? nlohmann::json(nullptr) : nlohmann::json(run->finished_at)},
-          {"cost_usd", Usd(run->cost)}}},
-        {"stages", js}};
-    std::cout << out.dump(2) << "\n";
+    std::cout << RunJson(*catalog, *run, stage_filter).dump(2) << "\n";
     return kExitOk;
   }
   std::string state = run->state;
@@ -192,10 +256,13 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                        rows);
     return kExitOk;
   }
-  std::vector<std::vector<std::string>> rows;
+  bool first = true;
   for (const auto& s : stages) {
-    if (s.name != stage_filter) continue;
-    std::cout << "stage " << s.name << " (" << s.kind << ")  " << s.state << "\n\n";
+    if (!StageMatches(s.name, stage_filter)) continue;
+    std::vector<std::vector<std::string>> rows;
+    std::cout << (first ? "" : "\n") << "stage " << s.name << " (" << s.kind << ")  " << s.state
+              << "\n\n";
+    first = false;
     for (const auto& a : attempts) {
       if (a.stage_id != s.id) continue;
       rows.push_back({std::to_string(a.attempt), a.outcome.empty() ? "running" : a.outcome,
@@ -203,40 +270,52 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                       a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(), a.wasted.ToDollars(),
                       a.message});
     }
+    std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
+                        ">SIM HOURS", ">COST", ">WASTED", "WHY"},
+                       rows);
   }
-  std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
-                      ">SIM HOURS", ">COST", ">WASTED", "WHY"},
-                     rows);
   return kExitOk;
 }
 
-int CmdLogs(const std::string& run_text, const std::string& stage) {
+int CmdLogs(const std::string& run_text, const std::string& stage, const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   if (!catalog->GetRun(run_id))
     throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   namespace fs = std::filesystem;
   fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
-  int shown = 0;
   auto stages = catalog->GetStages(run_id);
-  if (!stage.empty() &&
-      std::none_of(stages.begin(), stages.end(), [&](const auto& s) { return s.name == stage; })) {
-    std::vector<std::string> names;
-    for (const auto& s : stages) names.push_back(s.name);
-    std::string hint = pipelines::DidYouMean(stage, names);
-    throw UserError("run " + run_text + " has no stage '" + stage + "'" +
-                    (hint.empty() ? "; `trnflow show " + run_text + "` lists them" : "; " + hint));
-  }
+  if (!stage.empty() && std::none_of(stages.begin(), stages.end(),
+                                     [&](const auto& s) { return StageMatches(s.name, stage); }))
+    throw UserError(
+        "run " + run_text + " has no stage '" + stage + "'" +
+        NameHint(stage, StageNames(stages), "; `trnflow show " + run_text + "` lists them"));
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  int shown = 0;
   for (const auto& s : stages) {
-    if (!stage.empty() && s.name != stage) continue;
+    if (!StageMatches(s.name, stage)) continue;
+    // The worker names a log after the stage with '/' and ' ' made '_' (matrix values).
+    std::string file_name = s.name;
+    for (char& c : file_name)
+      if (c == '/' || c == ' ') c = '_';
     for (int a = 1; a <= s.attempts; ++a) {
-      fs::path p = dir / (s.name + ".attempt-" + std::to_string(a) + ".log");
+      fs::path p = dir / (file_name + ".attempt-" + std::to_string(a) + ".log");
       std::ifstream in(p);
       if (!in) continue;
+      ++shown;
+      if (format == "json") {
+        std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+        out.push_back({{"stage", s.name}, {"attempt", a}, {"path", p.string()}, {"text", text}});
+        continue;
+      }
       std::cout << "==> " << s.name << " attempt " << a << " (" << p.string() << ") <==\n"
                 << in.rdbuf() << "\n";
-      ++shown;
     }
+  }
+  if (format == "json") {
+    // Output is bytes; anything that is not UTF-8 is replaced rather than refused.
+    std::cout << out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return kExitOk;
   }
   if (!shown)
     std::cout << "no captured output" << (stage.empty() ? "" : " for stage " + stage)
@@ -296,6 +375,49 @@ int CmdInstances(const std::string& format, bool sources) {
     for (const auto& [what, source] : t.sources)
       std::cout << "    " << what << ": " << source << "\n";
   }
+  return kExitOk;
+}
+
+int CmdModels(const std::string& format) {
+  const auto& models = sim::Catalog::Builtin().models();
+  if (format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& m : models)
+      out.push_back({{"name", m.name},
+                     {"architecture", OrNull(m.architecture)},
+                     {"parameters", m.parameters},
+                     {"layers", m.layers},
+                     {"hidden", m.hidden},
+                     {"heads", m.heads},
+                     {"kv_heads", m.kv_heads},
+                     {"vocab", m.vocab},
+                     {"context", m.context},
+                     {"features", m.features},
+                     {"source", OrNull(m.source)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  auto params = [](double p) {
+    char b[32];
+    if (p >= 1e9)
+      std::snprintf(b, sizeof b, "%.2fB", p / 1e9);
+    else
+      std::snprintf(b, sizeof b, "%.0fM", p / 1e6);
+    return std::string(b);
+  };
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& m : models) {
+    std::string features;
+    for (const auto& f : m.features) features += (features.empty() ? "" : ",") + f;
+    rows.push_back({m.name, m.architecture, params(m.parameters), std::to_string(m.layers),
+                    std::to_string(m.hidden), std::to_string(m.heads), std::to_string(m.kv_heads),
+                    std::to_string(m.vocab), std::to_string(m.context), features});
+  }
+  std::cout << Table({"MODEL", "ARCHITECTURE", ">PARAMETERS", ">LAYERS", ">HIDDEN", ">HEADS",
+                      ">KV HEADS", ">VOCAB", ">CONTEXT", "FEATURES"},
+                     rows)
+            << "\na stage names one with `model: NAME`, or describes its own inline "
+               "(docs/pipeline-format.md); sources: trnflow models --format json\n";
   return kExitOk;
 }
 

@@ -184,7 +184,7 @@ std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
   return pipeline;
 }
 
-// Budget admission, then the run in one transaction. Throws UserError (nothing written) when
+// Budget admission, then the run in one transaction. Throws Refused (nothing written) when
 // the budget refuses it.
 int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
@@ -197,12 +197,19 @@ int CmdRun(const RunArgs& a) {
   auto pipeline = LoadForSubmit(a);
   if (!pipeline) return kExitBadInput;
   auto pools = PoolsFor(*pipeline, a.pools);
+  {
+    workers::WorkerOptions flags_only;  // a malformed --job-limits submits nothing
+    ApplySandboxArgs(a.sandbox, flags_only);
+  }
   auto catalog = OpenCatalog();
   catalog->RequireStageRunner("`trnflow run`");  // before anything is submitted
   int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
+  // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
+  std::optional<StdoutToStderr> progress_to_stderr;
+  progress_to_stderr.emplace(a.format == "json");
   std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
             << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
-            << ", speed " << a.speed << "x, seed " << a.seed << ")\n"
+            << ", speed " << Number(a.speed) << "x, seed " << a.seed << ")\n"
             << std::flush;
 
   InstallSignalHandlers();
@@ -234,6 +241,8 @@ int CmdRun(const RunArgs& a) {
     return kExitInterrupted;
   }
   PrintRunSummary(*catalog, run_id);
+  progress_to_stderr.reset();
+  if (a.format == "json") PrintRunJson(*catalog, run_id);
   auto run = catalog->GetRun(run_id);
   return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
 }
@@ -292,21 +301,37 @@ int CmdResume(const std::string& run_text) {
 int CmdRetry(const std::string& run_text, const std::string& stage) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
+  if (catalog->GetRun(run_id)) {  // a typo gets the closest stage (the catalog says the rest)
+    std::vector<std::string> names;
+    bool known = false;
+    for (const auto& s : catalog->GetStages(run_id)) {
+      std::string base = s.name.substr(0, s.name.find('['));
+      known = known || s.name == stage || base == stage;
+      names.push_back(base);
+    }
+    if (!known && !pipelines::ClosestMatch(stage, names).empty())
+      throw UserError("run " + run_text + " has no stage '" + stage + "'" +
+                      NameHint(stage, names, ""));
+  }
   int n = catalog->RetryStage(run_id, stage);
   std::cout << "run " << run_id << ": " << stage << " and what depends on it (" << n
             << " stage(s)) will run again\n";
   return kExitOk;
 }
 
-int CmdWatch(const std::string& run_text) {
+int CmdWatch(const std::string& run_text, const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   if (!catalog->GetRun(run_id))
     throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   InstallSignalHandlers();
-  FollowRun(*catalog, run_id, g_interrupted);
-  if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
-  PrintRunSummary(*catalog, run_id);
+  {
+    StdoutToStderr progress_to_stderr(format == "json");
+    FollowRun(*catalog, run_id, g_interrupted);
+    if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
+    PrintRunSummary(*catalog, run_id);
+  }
+  if (format == "json") PrintRunJson(*catalog, run_id);
   auto run = catalog->GetRun(run_id);
   return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
 }

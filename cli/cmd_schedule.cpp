@@ -1,6 +1,7 @@
 // trnflow schedule add / ls / pause / resume / rm: cron schedules the leading scheduler fires.
 #include <date/date.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,22 +51,46 @@ int CmdScheduleAdd(const ScheduleArgs& a) {
   return kExitOk;
 }
 
-int CmdScheduleList() {
+int CmdScheduleList(const std::string& format) {
   auto catalog = OpenCatalog();
   std::vector<std::vector<std::string>> rows;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& s : catalog->ListSchedules()) {
-    std::string error, next = "-";
+    std::string error, next;
     auto cron = scheduler::ParseCron(s.cron, &error);
+    std::optional<std::chrono::system_clock::time_point> next_slot;
     if (cron && !s.paused) {
       auto last = std::chrono::system_clock::time_point(
           std::chrono::duration_cast<std::chrono::system_clock::duration>(
               std::chrono::duration<double>(s.last_slot_epoch)));
-      if (auto n =
-              scheduler::NextSlot(*cron, s.tz, std::max(last, std::chrono::system_clock::now())))
-        next = date::format("%F %R", std::chrono::floor<std::chrono::minutes>(*n));
+      next_slot =
+          scheduler::NextSlot(*cron, s.tz, std::max(last, std::chrono::system_clock::now()));
     }
-    rows.push_back({s.name, s.file, s.cron, s.tz, s.catchup, s.paused ? "paused" : "active", next,
-                    std::to_string(s.fires), s.last_run ? std::to_string(s.last_run) : "-"});
+    auto minute = [&](const char* f) {
+      return date::format(f, std::chrono::floor<std::chrono::minutes>(*next_slot));
+    };
+    nlohmann::json params = nlohmann::json::parse(s.params_json, nullptr, false);
+    if (params.is_discarded()) params = nlohmann::json::object();
+    out.push_back(
+        {{"name", s.name},
+         {"file", s.file},
+         {"project", OrNull(s.project)},
+         {"cron", s.cron},
+         {"tz", s.tz},
+         {"catchup", s.catchup},
+         {"state", s.paused ? "paused" : "active"},
+         {"next_at", next_slot ? nlohmann::json(minute("%FT%RZ")) : nlohmann::json(nullptr)},
+         {"fires", s.fires},
+         {"last_run_id", IdOrNull(s.last_run)},
+         {"params", params},
+         {"speed", s.speed}});
+    rows.push_back({s.name, s.file, s.cron, s.tz, s.catchup, s.paused ? "paused" : "active",
+                    next_slot ? minute("%F %R") : "-", std::to_string(s.fires),
+                    s.last_run ? std::to_string(s.last_run) : "-"});
+  }
+  if (format == "json") {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
   }
   if (rows.empty()) {
     std::cout << "no schedules; add one with `trnflow schedule add NAME FILE --cron EXPR`\n";
@@ -77,18 +102,36 @@ int CmdScheduleList() {
   return kExitOk;
 }
 
+namespace {
+// "no schedule X", with the closest name.
+UserError NoSchedule(schema::Catalog& catalog, const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& s : catalog.ListSchedules()) names.push_back(s.name);
+  return UserError("no schedule " + name +
+                   NameHint(name, names, "; `trnflow schedule ls` lists them"));
+}
+}  // namespace
+
 int CmdSchedulePause(const std::string& name, bool paused) {
   auto catalog = OpenCatalog();
-  if (!catalog->SetSchedulePaused(name, paused))
-    throw UserError("no schedule " + name + "; `trnflow schedule ls` lists them");
+  if (!catalog->SetSchedulePaused(name, paused)) throw NoSchedule(*catalog, name);
   std::cout << "schedule " << name << (paused ? " paused" : " resumed (from now on)") << "\n";
   return kExitOk;
 }
 
-int CmdScheduleRemove(const std::string& name) {
+int CmdScheduleRemove(const std::string& name, const DeleteArgs& del) {
   auto catalog = OpenCatalog();
-  if (!catalog->RemoveSchedule(name))
-    throw UserError("no schedule " + name + "; `trnflow schedule ls` lists them");
+  auto all = catalog->ListSchedules();
+  auto it = std::find_if(all.begin(), all.end(), [&](const auto& s) { return s.name == name; });
+  if (it == all.end()) throw NoSchedule(*catalog, name);
+  if (del.dry_run) {
+    std::cout << "would remove schedule " << name << " (" << it->file << " at \"" << it->cron
+              << "\", fired " << it->fires << " times); dry run: nothing was removed\n";
+    return kExitOk;
+  }
+  if (!Confirm("remove schedule " + name + " (" + it->file + " at \"" + it->cron + "\")?", del.yes))
+    return Declined();
+  if (!catalog->RemoveSchedule(name)) throw NoSchedule(*catalog, name);
   std::cout << "schedule " << name << " removed\n";
   return kExitOk;
 }
