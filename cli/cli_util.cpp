@@ -178,4 +178,21 @@ std::string Hours(double seconds) {
   return buf;
 }
 
+std::string SpentCell(const schema::StageRow& s) {
+  Money running = Money::FromMicros(std::llround(s.running_cost_usd * 1e6));
+  return (s.cost + running).ToDollars() + (s.state == "running" ? "*" : "");
+}
+
+std::string ProgressCell(const schema::StageRow& s, double speed) {
+  if (s.state != "running" || s.live_progress < 0) return "";
+  char buf[96];
+  int n = std::snprintf(buf, sizeof buf, "%.0f%%", 100 * s.live_progress);
+  if (s.live_eta_s >= 0) {
+    double wall = s.live_eta_s / std::max(speed, 1e-9);
+    std::snprintf(buf + n, sizeof buf - n, ", %.1f sim h left (~%.0fs)", s.live_eta_s / 3600,
+                  std::ceil(wall));
+  }
+  return buf;
+}
+
 }  // namespace trnflow::cli

@@ -42,6 +42,18 @@ struct ScheduleArgs {
   RunArgs run;  // file, project, params, speed
 };
 
+struct EventsArgs {
+  std::string project, run, since, kind, format = "table";
+  int limit = 100;
+};
+
+// `schedule update NAME`: what to change; empty means keep.
+struct ScheduleUpdateArgs {
+  std::string name, file, cron, tz;
+  std::vector<std::string> params;  // key=value, over the stored ones
+  bool reset_params = false;        // drop the stored params first
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };
@@ -68,6 +80,11 @@ int64_t ParseRunId(const std::string& text);
 std::string Table(const std::vector<std::string>& header,
                   const std::vector<std::vector<std::string>>& rows);
 std::string Hours(double seconds);  // "11.80"
+// What a stage has cost: its closed attempts plus the running one so far, the same figure
+// `runs`, `budget ls` and `spend` add up; "$1.20*" when a running attempt is in it.
+std::string SpentCell(const schema::StageRow& s);
+// A running stage's live progress, "42%, 3.1 sim h left (~2s)"; "" when it has not reported.
+std::string ProgressCell(const schema::StageRow& s, double speed);
 
 // The switches of every command that deletes (docs/cli.md, "Deleting safely").
 struct DeleteArgs {

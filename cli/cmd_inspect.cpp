@@ -1,11 +1,16 @@
 // trnflow validate / plan / runs / show / logs / instances / models: commands that read.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/plan_estimate.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "pipelines/diagnostics.h"
@@ -68,21 +73,20 @@ int CmdValidate(const std::vector<std::string>& files, const std::string& format
 }
 
 int CmdPlan(const RunArgs& a) {
-  pipelines::LoadOptions lo{ParseParams(a.params), a.project};
-  auto pipeline = LoadOrReport(a.file, lo);
-  if (!pipeline)
-    return kExitBadInput;  // The plan reads the compile cache when the catalog is reachable; it
-                           // plans without it if not.
+  auto pipeline = LoadForSubmit(a);  // loaded as `run` and `submit` load it
+  if (!pipeline) return kExitBadInput;
+  // The cache and past runs come from the catalog when it is reachable; without it the plan
+  // still prices every simulated stage and every run: stage with an estimate:.
   std::unique_ptr<schema::Catalog> catalog;
+  pipelines::Plan plan;
   try {
     catalog = OpenCatalog();
-  } catch (const CatalogUnavailable&) {
+    plan = EstimatePlan(*pipeline, catalog.get());
+  } catch (const CatalogUnavailable& e) {
+    std::cerr << "trnflow: note: planning without the catalog (" << e.what()
+              << "): no compile cache, no past runs\n";
+    plan = EstimatePlan(*pipeline, nullptr);
   }
-  pipelines::Plan plan = pipelines::MakePlan(*pipeline, [&](const std::string& key) {
-    if (!catalog) return false;
-    auto a = catalog->GetArtifact(key);
-    return a && a->state == "ready";
-  });
   std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
   return kExitOk;
 }
@@ -166,6 +170,14 @@ nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
          {"market", OrNull(s.market)},
          {"needs", s.needs},
          {"cost_usd", Usd(s.cost)},
+         {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
+                                                   : nlohmann::json(nullptr)},
+         {"progress",
+          s.live_progress >= 0 ? nlohmann::json(s.live_progress) : nlohmann::json(nullptr)},
+         {"eta_sim_seconds",
+          s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
+         {"last_outcome", OrNull(s.last_outcome)},
+         {"last_message", OrNull(s.last_message)},
          {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
                                          : nlohmann::json(nullptr)},
          {"attempts", ja}});
@@ -228,11 +240,16 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   }
   std::string state = run->state;
   if (run->cancel_reason == "budget_exceeded") state += " (budget exceeded)";
+  double running = 0;
+  for (const auto& s : stages) running += s.running_cost_usd;
   std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project << "  "
             << state << "  created " << run->created_at
-            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  cost "
+            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  spent "
             << run->cost.ToDollars()
-            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n\n";
+            << (running > 0 ? " (running attempts included, marked *)" : "")
+            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n";
+  for (const auto& w : UnrunnableStages(*catalog, run_id, stages)) std::cout << "! " << w << "\n";
+  std::cout << "\n";
   auto metrics_cell = [&](int64_t stage_id) -> std::string {
     auto it = metrics.find(stage_id);
     if (it == metrics.end()) return "";
@@ -249,10 +266,11 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
     for (const auto& s : stages)
       rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
                       InstanceCell(s.instance_type, s.instance_count), s.market,
-                      Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars(),
-                      metrics_cell(s.id)});
+                      Hours(static_cast<double>(s.billed_seconds) +
+                            std::max(0.0, s.live_sim_seconds)),
+                      SpentCell(s), ProgressCell(s, run->speed), metrics_cell(s.id)});
     std::cout << Table({"STAGE", "KIND", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS",
-                        ">COST", "LATEST METRICS"},
+                        ">SPENT", "PROGRESS", "LATEST METRICS"},
                        rows);
     return kExitOk;
   }
@@ -261,14 +279,22 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
     if (!StageMatches(s.name, stage_filter)) continue;
     std::vector<std::vector<std::string>> rows;
     std::cout << (first ? "" : "\n") << "stage " << s.name << " (" << s.kind << ")  " << s.state
-              << "\n\n";
+              << "\n";
     first = false;
+    for (const auto& line : ExplainStageLines(*catalog, run_id, s.name))
+      std::cout << "  - " << line << "\n";
+    std::cout << "\n";
     for (const auto& a : attempts) {
       if (a.stage_id != s.id) continue;
-      rows.push_back({std::to_string(a.attempt), a.outcome.empty() ? "running" : a.outcome,
-                      a.worker, InstanceCell(a.instance_type, a.instance_count), a.market,
-                      a.started_at, Hours(a.sim_seconds), a.cost.ToDollars(), a.wasted.ToDollars(),
-                      a.message});
+      bool open = a.outcome.empty();
+      rows.push_back({std::to_string(a.attempt), open ? "running" : a.outcome, a.worker,
+                      InstanceCell(a.instance_type, a.instance_count), a.market, a.started_at,
+                      Hours(open ? std::max(0.0, s.live_sim_seconds) : a.sim_seconds),
+                      open ? Money::FromMicros(std::llround(s.running_cost_usd * 1e6)).ToDollars() +
+                                 "*"
+                           : a.cost.ToDollars(),
+                      a.wasted.ToDollars(),
+                      open ? ProgressCell(s, run->speed) : a.message});
     }
     std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
                         ">SIM HOURS", ">COST", ">WASTED", "WHY"},
@@ -277,7 +303,9 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   return kExitOk;
 }
 
-int CmdLogs(const std::string& run_text, const std::string& stage, const std::string& format) {
+int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
+            const std::string& format) {
+  bool json = format == "json";
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   if (!catalog->GetRun(run_id))
@@ -290,29 +318,85 @@ int CmdLogs(const std::string& run_text, const std::string& stage, const std::st
     throw UserError(
         "run " + run_text + " has no stage '" + stage + "'" +
         NameHint(stage, StageNames(stages), "; `trnflow show " + run_text + "` lists them"));
+  // Each attempt's log, by path: how much of it is printed. A log that is not on this host (its
+  // worker ran elsewhere, with a TRNFLOW_HOME of its own) is named with the host that has it.
+  std::map<std::string, std::streamoff> printed;
+  std::set<std::string> elsewhere;
+  // --format json: one entry per attempt, its whole text (with --follow, once the run ends);
+  // "text" is null for a log on another host.
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  std::map<std::string, size_t> entry_of;  // path -> index in `out`
   int shown = 0;
-  for (const auto& s : stages) {
-    if (!StageMatches(s.name, stage)) continue;
-    // The worker names a log after the stage with '/' and ' ' made '_' (matrix values).
-    std::string file_name = s.name;
-    for (char& c : file_name)
-      if (c == '/' || c == ' ') c = '_';
-    for (int a = 1; a <= s.attempts; ++a) {
-      fs::path p = dir / (file_name + ".attempt-" + std::to_string(a) + ".log");
-      std::ifstream in(p);
-      if (!in) continue;
-      ++shown;
-      if (format == "json") {
-        std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-        out.push_back({{"stage", s.name}, {"attempt", a}, {"path", p.string()}, {"text", text}});
-        continue;
+  if (follow) InstallSignalHandlers();
+  while (true) {
+    auto attempts = catalog->GetAttempts(run_id);
+    for (const auto& s : stages) {
+      if (!StageMatches(s.name, stage)) continue;
+      if (s.kind != "run") continue;
+      // The worker names a log after the stage with '/' and ' ' made '_' (matrix values).
+      std::string file_name = s.name;
+      for (char& c : file_name)
+        if (c == '/' || c == ' ') c = '_';
+      for (const auto& a : attempts) {
+        if (a.stage_id != s.id) continue;
+        // Where its worker wrote it (found here when TRNFLOW_HOME is shared or this is that
+        // host), else this host's own TRNFLOW_HOME.
+        fs::path name = fs::path("logs") / ("run-" + std::to_string(run_id)) /
+                        (file_name + ".attempt-" + std::to_string(a.attempt) + ".log");
+        fs::path p = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
+        std::ifstream in(p, std::ios::binary);
+        if (!in && !a.worker_home.empty()) in.open(p = fs::path(HomeDir()) / name, std::ios::binary);
+        if (!in) {
+          std::string worker_host = a.worker.substr(0, a.worker.find(':'));
+          if (a.outcome != "cached" && !a.worker_home.empty() &&
+              elsewhere.insert(p.string()).second) {
+            std::string there = (fs::path(a.worker_home) / name).string();
+            if (json)
+              out.push_back({{"stage", s.name},
+                             {"attempt", a.attempt},
+                             {"path", there},
+                             {"host", OrNull(worker_host)},
+                             {"text", nullptr}});
+            else
+              std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
+                        << worker_host << " at " << there
+                        << ", which this host cannot read (share TRNFLOW_HOME between hosts: "
+                           "docs/operations.md) <==\n";
+            ++shown;
+          }
+          continue;
+        }
+        auto [it, fresh] = printed.try_emplace(p.string(), 0);
+        in.seekg(it->second);
+        std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        it->second += static_cast<std::streamoff>(chunk.size());
+        if (fresh) ++shown;
+        if (json) {
+          auto [e, added] = entry_of.try_emplace(p.string(), out.size());
+          if (added)
+            out.push_back({{"stage", s.name},
+                           {"attempt", a.attempt},
+                           {"path", p.string()},
+                           {"host", nullptr},
+                           {"text", ""}});
+          out[e->second]["text"] = out[e->second]["text"].get<std::string>() + chunk;
+          continue;
+        }
+        if (fresh)
+          std::cout << "==> " << s.name << " attempt " << a.attempt << " (" << p.string()
+                    << ") <==\n";
+        std::cout << chunk;
       }
-      std::cout << "==> " << s.name << " attempt " << a << " (" << p.string() << ") <==\n"
-                << in.rdbuf() << "\n";
     }
+    std::cout << std::flush;
+    if (!follow) break;
+    auto run = catalog->GetRun(run_id);
+    if (!run || run->state != "running") break;  // what was written before the end is printed
+    if (g_interrupted) return kExitInterrupted;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    stages = catalog->GetStages(run_id);
   }
-  if (format == "json") {
+  if (json) {
     // Output is bytes; anything that is not UTF-8 is replaced rather than refused.
     std::cout << out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return kExitOk;

@@ -11,11 +11,13 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/plan_estimate.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "pipelines/plan.h"
 #include "scheduler/scheduler.h"
+#include "sim/catalog.h"
 #include "workers/worker.h"
 
 namespace trnflow::cli {
@@ -23,24 +25,47 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
-std::string StageLine(const schema::StageRow& s, size_t name_width) {
+std::string StageLine(const schema::StageRow& s, size_t name_width, double speed) {
   std::string inst =
       s.instance_type + (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "");
-  double cost = s.cost.usd() + s.running_cost_usd;
   std::string attempt = s.attempts ? "attempt " + std::to_string(s.attempts) : "";
   char buf[512];
-  std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  %-10s  $%.2f",
+  std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  %-10s  %9s  %s",
                 static_cast<int>(name_width), s.name.c_str(), s.state.c_str(), inst.c_str(),
-                s.market.c_str(), attempt.c_str(), cost);
+                s.market.c_str(), attempt.c_str(), SpentCell(s).c_str(),
+                ProgressCell(s, speed).c_str());
   return buf;
 }
 
+// Why a stage is where it is, for the lines that follow a run without a terminal.
+std::string StateDetail(const schema::StageRow& s, double speed) {
+  if (s.state == "running") {
+    std::string p = ProgressCell(s, speed);
+    return " (attempt " + std::to_string(s.attempts) + " on " + s.instance_type +
+           (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "") + ", " +
+           s.market + (p.empty() ? "" : ", " + p) + ")";
+  }
+  std::string spent = " (" + SpentCell(s) + " so far";
+  if ((s.state == "retry_wait" || s.state == "failed" || s.state == "cancelled") &&
+      !s.last_outcome.empty())
+    return spent + "; attempt " + std::to_string(s.attempts) + " " + s.last_outcome +
+           (s.last_message.empty() ? "" : ": " + s.last_message) + ")";
+  if (s.state == "succeeded" || s.state == "cached") return spent + ")";
+  return "";
+}
+
 // Follows a run until it ends (or the user interrupts). On a terminal: one line per stage,
-// redrawn in place. Otherwise: one log line per state change.
+// redrawn in place. Otherwise: one log line per state change, and one as a running stage
+// passes each quarter of its work. Either way it says when no live worker can run a ready
+// stage, instead of waiting in silence.
 void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>& interrupted) {
   bool tty = isatty(STDOUT_FILENO);
   auto start = Steady::now();
   std::map<int64_t, std::string> last_state;
+  std::map<int64_t, int> last_quarter;
+  std::set<std::string> warned;
+  std::vector<std::string> warnings;
+  auto next_worker_check = start;
   size_t drawn = 0;
   double backoff = 0.1;
   while (true) {
@@ -49,6 +74,10 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
     try {
       run = catalog.GetRun(run_id);
       stages = catalog.GetStages(run_id);
+      if (Steady::now() >= next_worker_check) {
+        warnings = UnrunnableStages(catalog, run_id, stages);
+        next_worker_check = Steady::now() + std::chrono::seconds(2);
+      }
       backoff = 0.1;
     } catch (const CatalogUnavailable& e) {
       // The workers and scheduler ride out a PostgreSQL restart; so does the view.
@@ -62,40 +91,47 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
       }
       continue;
     }
+    double speed = run ? run->speed : 1;
     size_t width = 5;
     for (const auto& s : stages) width = std::max(width, s.name.size());
     double t = std::chrono::duration<double>(Steady::now() - start).count();
     if (tty) {
       std::string frame;
       if (drawn) frame += "\x1b[" + std::to_string(drawn) + "A";
-      for (const auto& s : stages) frame += "\x1b[2K" + StageLine(s, width) + "\n";
-      Money total;
-      double running = 0;
-      for (const auto& s : stages) total += s.cost, running += s.running_cost_usd;
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "\x1b[2K  run %lld %s  %.1fs  $%.2f so far\n",
+      for (const auto& s : stages) frame += "\x1b[2K" + StageLine(s, width, speed) + "\n";
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "\x1b[2K  run %lld %s  %.1fs  %s spent (running attempts included)\n",
                     static_cast<long long>(run_id), run ? run->state.c_str() : "?", t,
-                    total.usd() + running);
+                    run ? run->cost.ToDollars().c_str() : "?");
       frame += buf;
+      for (const auto& w : warnings) frame += "\x1b[2K  ! " + w + "\n";
+      // Lines of warnings that went away are cleared, not left behind.
+      size_t lines = stages.size() + 1 + warnings.size();
+      for (size_t i = lines; i < drawn; ++i) frame += "\x1b[2K\n";
       std::cout << frame << std::flush;
-      drawn = stages.size() + 1;
+      drawn = std::max(drawn, lines);
     } else {
       for (const auto& s : stages) {
         auto& prev = last_state[s.id];
-        if (prev == s.state) continue;
+        int quarter = s.state == "running" && s.live_progress >= 0
+                          ? static_cast<int>(s.live_progress * 4)
+                          : -1;
+        bool progressed = quarter > 0 && quarter < 4 && quarter > last_quarter[s.id];
+        if (prev == s.state && !progressed) continue;
+        if (prev != s.state) last_quarter[s.id] = 0;
+        if (progressed) last_quarter[s.id] = quarter;
         prev = s.state;
-        char buf[512];
-        std::string detail;
-        if (s.state == "running")
-          detail = " (attempt " + std::to_string(s.attempts) + " on " + s.instance_type +
-                   (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "") + ", " +
-                   s.market + ")";
-        else if (s.state == "succeeded" || s.state == "failed" || s.state == "retry_wait")
-          detail = " (" + s.cost.ToDollars() + " so far)";
+        char buf[1024];
         std::snprintf(buf, sizeof buf, "[%6.1fs] %s: %s%s\n", t, s.name.c_str(), s.state.c_str(),
-                      detail.c_str());
+                      StateDetail(s, speed).c_str());
         std::cout << buf;
       }
+      for (const auto& w : warnings)
+        if (warned.insert(w).second) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "[%6.1fs] ", t);
+          std::cout << buf << "waiting: " << w << "\n";
+        }
       std::cout << std::flush;
     }
     if (!run || run->state != "running" || interrupted) return;
@@ -176,8 +212,6 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
               << run->id << "`\n";
 }
 
-// The file, validated (diagnostics printed), with the environment's spot rate applied;
-// nullopt when it has errors.
 std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
   auto pipeline = LoadOrReport(a.file, {ParseParams(a.params), a.project});
   if (pipeline) ApplySpotRateMultiplier(*pipeline);
@@ -188,9 +222,48 @@ std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
 // the budget refuses it.
 int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
-  AdmitOrRefuse(catalog, p, pipelines::MakePlan(p).total_cost,
-                a.project.empty() ? p.project : a.project, a.force);
+  AdmitOrRefuse(catalog, p, EstimatePlan(p, &catalog), a.project.empty() ? p.project : a.project,
+                a.force);
   return catalog.SubmitRun(p, opts);
+}
+
+// Runs the run's stages in this process (a scheduler and a worker that takes this run only)
+// while following it; returns the exit code. On Ctrl-C the stages are handed back.
+int ExecuteHere(schema::Catalog& catalog, int64_t run_id, std::vector<workers::PoolConfig> pools,
+                uint64_t seed, const SandboxArgs& sandbox) {
+  InstallSignalHandlers();
+  scheduler::SchedulerOptions so;
+  so.database_url = DatabaseUrl();
+  so.tick_s = 0.1;
+  so.promote_every_s = 0.2;
+  so.seed = seed;
+  scheduler::Scheduler sched(so);
+  workers::WorkerOptions wo;
+  wo.database_url = DatabaseUrl();
+  wo.home = HomeDir();
+  wo.pools = std::move(pools);
+  wo.poll_s = 0.5;
+  wo.shutdown_grace_s = 2;  // Ctrl-C should not keep a person waiting
+  wo.only_run = run_id;     // this process runs its own pipeline, not the whole queue
+  ApplySandboxArgs(sandbox, wo);
+  workers::Worker worker(wo);
+  sched.Start();
+  worker.Start();
+  FollowRun(catalog, run_id, g_interrupted);
+  worker.Stop();
+  sched.Stop();
+  if (g_interrupted) {
+    std::cout << "\ninterrupted: run " << run_id
+              << " is still running in the catalog; its stages were handed back. Continue it "
+                 "here with `trnflow watch "
+              << run_id
+              << " --execute`, or with daemons (`trnflow worker --pool ...` and "
+                 "`trnflow scheduler`).\n";
+    return kExitInterrupted;
+  }
+  PrintRunSummary(catalog, run_id);
+  auto run = catalog.GetRun(run_id);
+  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
 }
 
 int CmdRun(const RunArgs& a) {
@@ -204,47 +277,18 @@ int CmdRun(const RunArgs& a) {
   auto catalog = OpenCatalog();
   catalog->RequireStageRunner("`trnflow run`");  // before anything is submitted
   int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
-  // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
-  std::optional<StdoutToStderr> progress_to_stderr;
-  progress_to_stderr.emplace(a.format == "json");
-  std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
-            << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
-            << ", speed " << Number(a.speed) << "x, seed " << a.seed << ")\n"
-            << std::flush;
-
-  InstallSignalHandlers();
-  scheduler::SchedulerOptions so;
-  so.database_url = DatabaseUrl();
-  so.tick_s = 0.1;
-  so.promote_every_s = 0.2;
-  so.seed = static_cast<uint64_t>(a.seed);
-  scheduler::Scheduler sched(so);
-  workers::WorkerOptions wo;
-  wo.database_url = DatabaseUrl();
-  wo.home = HomeDir();
-  wo.pools = pools;
-  wo.poll_s = 0.5;
-  wo.shutdown_grace_s = 2;  // Ctrl-C should not keep a person waiting
-  wo.only_run = run_id;     // this process runs its own pipeline, not the whole queue
-  ApplySandboxArgs(a.sandbox, wo);
-  workers::Worker worker(wo);
-  sched.Start();
-  worker.Start();
-  FollowRun(*catalog, run_id, g_interrupted);
-  worker.Stop();
-  sched.Stop();
-  if (g_interrupted) {
-    std::cout << "\ninterrupted: run " << run_id
-              << " is still running in the catalog; its stages were handed back. Continue it "
-                 "with `trnflow worker` and `trnflow scheduler`, or `trnflow watch "
-              << run_id << "`.\n";
-    return kExitInterrupted;
+  int code;
+  {
+    // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
+    StdoutToStderr progress_to_stderr(a.format == "json");
+    std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
+              << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
+              << ", speed " << Number(a.speed) << "x, seed " << a.seed << ")\n"
+              << std::flush;
+    code = ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(a.seed), a.sandbox);
   }
-  PrintRunSummary(*catalog, run_id);
-  progress_to_stderr.reset();
-  if (a.format == "json") PrintRunJson(*catalog, run_id);
-  auto run = catalog->GetRun(run_id);
-  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+  if (a.format == "json" && code != kExitInterrupted) PrintRunJson(*catalog, run_id);
+  return code;
 }
 
 int CmdSubmit(const RunArgs& a) {
@@ -288,13 +332,25 @@ int CmdCancel(const std::string& run_text) {
   return kExitOk;
 }
 
+// Says who will run a run's stages now: the live workers that can, or how to start some.
+void SayWhoRuns(schema::Catalog& catalog, int64_t run_id) {
+  auto blocked = UnrunnableStages(catalog, run_id, catalog.GetStages(run_id));
+  if (blocked.empty()) {
+    std::cout << "live workers will pick it up; follow it with `trnflow watch " << run_id
+              << "`\n";
+    return;
+  }
+  for (const auto& b : blocked) std::cout << "! " << b << "\n";
+  std::cout << "or run it in this shell: `trnflow watch " << run_id << " --execute`\n";
+}
+
 int CmdResume(const std::string& run_text) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   int n = catalog->ResumeRun(run_id);
   std::cout << "run " << run_id << " resumed: " << n
-            << " stage(s) start again from their last checkpoint; daemons or `trnflow watch "
-            << run_id << "` take it from here\n";
+            << " stage(s) start again from their last checkpoint\n";
+  SayWhoRuns(*catalog, run_id);
   return kExitOk;
 }
 
@@ -316,24 +372,44 @@ int CmdRetry(const std::string& run_text, const std::string& stage) {
   int n = catalog->RetryStage(run_id, stage);
   std::cout << "run " << run_id << ": " << stage << " and what depends on it (" << n
             << " stage(s)) will run again\n";
+  SayWhoRuns(*catalog, run_id);
   return kExitOk;
 }
 
-int CmdWatch(const std::string& run_text, const std::string& format) {
+int CmdWatch(const std::string& run_text, bool execute, const SandboxArgs& sandbox,
+             const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
-  if (!catalog->GetRun(run_id))
-    throw UserError("no run " + run_text + "; `trnflow runs` lists them");
-  InstallSignalHandlers();
-  {
-    StdoutToStderr progress_to_stderr(format == "json");
-    FollowRun(*catalog, run_id, g_interrupted);
-    if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
-    PrintRunSummary(*catalog, run_id);
-  }
-  if (format == "json") PrintRunJson(*catalog, run_id);
   auto run = catalog->GetRun(run_id);
-  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+  if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  int code;
+  {
+    // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
+    StdoutToStderr progress_to_stderr(format == "json");
+    if (execute) {
+      if (run->state != "running")
+        throw UserError("run " + run_text + " has ended (" + run->state +
+                        "); `trnflow resume " + run_text + "` first to run what failed again");
+      catalog->RequireStageRunner("`trnflow watch --execute`");
+      // Pools wide enough for every stage of the run, as `run` gives a fresh pipeline.
+      std::map<std::string, int> cap;
+      for (const auto& s : catalog->GetStages(run_id))
+        if (const auto* t = sim::Catalog::Builtin().FindInstance(s.instance_type))
+          cap[t->pool] = std::max({cap[t->pool], 16, s.instance_count});
+      std::vector<workers::PoolConfig> pools;
+      for (const auto& [name, n] : cap) pools.push_back({name, n});
+      code = ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(run->seed), sandbox);
+    } else {
+      InstallSignalHandlers();
+      FollowRun(*catalog, run_id, g_interrupted);
+      if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
+      PrintRunSummary(*catalog, run_id);
+      run = catalog->GetRun(run_id);
+      code = run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+    }
+  }
+  if (format == "json" && code != kExitInterrupted) PrintRunJson(*catalog, run_id);
+  return code;
 }
 
 }  // namespace trnflow::cli

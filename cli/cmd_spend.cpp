@@ -118,6 +118,51 @@ int CmdSpend(const SpendArgs& a) {
     table.push_back(total);
   }
   std::cout << Table(header, table);
+  // The ledger holds closed attempts; what is running now is added where a total is meant
+  // (`runs`, `show`, `budget ls`), and named here.
+  if (q.until.empty()) {
+    auto [n, running] = catalog->RunningSpend(a.project, a.pipeline);
+    if (n > 0)
+      std::cout << "\n+ " << running.ToDollars() << " in " << n << " running attempt"
+                << (n == 1 ? "" : "s") << " (not in the ledger until they end; `runs`, `show` "
+                << "and `budget ls` include it)\n";
+  }
+  return kExitOk;
+}
+
+int CmdEvents(const EventsArgs& a) {
+  std::string since = ReadDate("--since", a.since);
+  int64_t run_id = a.run.empty() ? 0 : ParseRunId(a.run);
+  auto catalog = OpenCatalog();
+  auto rows = catalog->EventLog(a.project, run_id, since, a.kind, a.limit);
+  if (a.format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    auto or_null = [](const std::string& s) {
+      return s.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(s);
+    };
+    for (const auto& e : rows)
+      out.push_back({{"at", e.at},
+                     {"kind", e.kind},
+                     {"project", or_null(e.project)},
+                     {"run_id", e.run_id ? nlohmann::ordered_json(std::to_string(e.run_id))
+                                         : nlohmann::ordered_json(nullptr)},
+                     {"stage", or_null(e.stage)},
+                     {"attempt", e.attempt ? nlohmann::ordered_json(e.attempt)
+                                           : nlohmann::ordered_json(nullptr)},
+                     {"message", e.message},
+                     {"data", nlohmann::ordered_json::parse(e.data_json, nullptr, false)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (rows.empty()) {
+    std::cout << "no events" << (a.project.empty() ? "" : " for project " + a.project) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> table;
+  for (const auto& e : rows)
+    table.push_back({e.at, e.kind, e.project, e.run_id ? std::to_string(e.run_id) : "",
+                     e.message});
+  std::cout << Table({"AT", "KIND", "PROJECT", ">RUN", "WHAT"}, table);
   return kExitOk;
 }
 
@@ -245,22 +290,52 @@ int CmdProjectList(const std::string& format) {
   return kExitOk;
 }
 
-// Refuses a run whose estimate exceeds what its project's budget (or its own budget_usd) has
-// left, unless forced. Nothing is written when it refuses.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
-                   const std::string& project, bool force) {
+namespace {
+
+// Dollars to the cent, or to the micro-dollar when cents would show two different figures as
+// the same.
+std::pair<std::string, std::string> TwoFigures(Money a, Money b) {
+  if (a != b && a.ToDollars() == b.ToDollars()) return {"$" + a.ToDecimal(), "$" + b.ToDecimal()};
+  return {a.ToDollars(), b.ToDollars()};
+}
+
+}  // namespace
+
+// Refuses a run whose plan exceeds what its project's budget (or its own budget_usd) has
+// left, unless forced. Nothing is written when it refuses. Stages of unknown length count at
+// their billing minimum, as in `plan`; the message says so.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
+                   const pipelines::Plan& plan, const std::string& project, bool force) {
   if (force) return;
-  if (p.budget && estimate > *p.budget)
-    throw Refused("the plan estimates " + estimate.ToDollars() + ", over this run's budget_usd " +
-                  p.budget->ToDollars() +
+  Money estimate = plan.total_cost;
+  std::string unknown;
+  if (!plan.unknown_stages.empty()) {
+    size_t n = plan.unknown_stages.size();
+    unknown = " (at least: " + std::to_string(n) + (n == 1 ? " stage" : " stages") +
+              " of unknown length counted at the billing minimum)";
+  }
+  if (p.budget && estimate > *p.budget) {
+    auto [est, cap] = TwoFigures(estimate, *p.budget);
+    throw Refused("the plan estimates " + est + unknown + ", over this run's budget_usd " + cap +
                   " (see `trnflow plan`); raise budget_usd, or pass --force");
-  for (const auto& b : catalog.ProjectBudgets(project)) {
+  }
+  auto budgets = catalog.ProjectBudgets(project);
+  for (const auto& b : budgets) {
     Money left = b.amount - b.spent;
-    if (estimate > left)
-      throw Refused("the plan estimates " + estimate.ToDollars() + " but project " + project +
-                    " has " + left.ToDollars() + " left of its " + b.period + " budget of " +
-                    b.amount.ToDollars() + " (" + b.spent.ToDollars() +
+    if (estimate > left) {
+      auto [est, rest] = TwoFigures(estimate, left);
+      throw Refused("the plan estimates " + est + unknown + " but project " + project + " has " +
+                    rest + " left of its " + b.period + " budget of " + b.amount.ToDollars() +
+                    " (" + b.spent.ToDollars() +
                     " spent); raise it with `trnflow budget set`, or pass --force");
+    }
+  }
+  if (!unknown.empty() && (p.budget || !budgets.empty())) {
+    std::string names;
+    for (const auto& n : plan.unknown_stages) names += (names.empty() ? "" : ", ") + n;
+    std::cerr << "trnflow: note: the budget check counted " << names
+              << " at the 60 s billing minimum: their length is unknown (give them an "
+                 "`estimate:`; see `trnflow plan`)\n";
   }
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/cli_util.h"
+#include "pipelines/plan.h"
 
 namespace trnflow::workers {
 struct WorkerOptions;
@@ -18,14 +19,18 @@ int CmdValidate(const std::vector<std::string>& files, const std::string& format
 int CmdPlan(const RunArgs& args);
 int CmdRun(const RunArgs& args);
 int CmdSubmit(const RunArgs& args);
-int CmdWatch(const std::string& run, const std::string& format);
+// execute: run the run's stages in this process too (as `run` does), not only follow it.
+int CmdWatch(const std::string& run, bool execute, const SandboxArgs& sandbox,
+             const std::string& format);
 int CmdCancel(const std::string& run);
 int CmdResume(const std::string& run);
 int CmdRetry(const std::string& run, const std::string& stage);
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
-int CmdLogs(const std::string& run, const std::string& stage, const std::string& format);
+// follow: keep printing what the run's attempts write until the run ends (`logs -f`).
+int CmdLogs(const std::string& run, const std::string& stage, bool follow,
+            const std::string& format);
 int CmdInstances(const std::string& format, bool sources);
 // The models a stage may name (sim/models.yaml) with their architecture figures.
 int CmdModels(const std::string& format);
@@ -37,6 +42,7 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& options);
 int CmdScheduler();
 
 int CmdSpend(const SpendArgs& args);
+int CmdEvents(const EventsArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
 int CmdBudgetRemove(const std::string& project, const DeleteArgs& del);
 int CmdBudgetList(const std::string& format);
@@ -48,6 +54,10 @@ int CmdProjectList(const std::string& format);
 
 int CmdScheduleAdd(const ScheduleArgs& args);
 int CmdScheduleList(const std::string& format);
+int CmdScheduleShow(const std::string& name, const std::string& format);
+// Re-reads and validates the file (errors: exit 2, nothing written), then replaces the
+// snapshot, and params or cron when given.
+int CmdScheduleUpdate(const ScheduleUpdateArgs& args);
 int CmdSchedulePause(const std::string& name, bool paused);
 int CmdScheduleRemove(const std::string& name, const DeleteArgs& del);
 int CmdCacheList(const std::string& format);
@@ -61,13 +71,24 @@ int CmdCacheWhy(const std::string& run, const std::string& stage, const std::str
 int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list,
                   const std::string& format);
 
+int CmdExplain(const std::string& run, const std::string& stage, const std::string& format);
+// Ready stages of the run that no live worker can take, one sentence per pool and size.
+std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_id,
+                                          const std::vector<schema::StageRow>& stages);
+// What a stage of the run waits for, a sentence each (empty: no such stage).
+std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run_id,
+                                           const std::string& stage);
+
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // The run as `trnflow show RUN --format json` prints it (`run` and `watch` with --format json
 // print it when the run ends).
 void PrintRunJson(schema::Catalog& catalog, int64_t run_id);
-// Throws Refused (exit 4, nothing written) when the estimate exceeds the budget left, unless
-// forced.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p, Money estimate,
-                   const std::string& project, bool force);
+// Throws Refused (exit 4, nothing written) when the plan's total (EstimatePlan, the figure
+// `plan` prints) exceeds the budget left, unless forced.
+void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
+                   const pipelines::Plan& plan, const std::string& project, bool force);
+// The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the
+// environment's spot rate applied; nullopt when it has errors.
+std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a);
 
 }  // namespace trnflow::cli

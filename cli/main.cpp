@@ -169,9 +169,20 @@ int main(int argc, char** argv) {
                    "list every attempt of this stage (a matrix stage: of every expansion)");
   AddFormat(show, show_format);
 
+  std::string explain_run, explain_stage, explain_format = "table";
+  auto* explain = app.add_subcommand("explain", "why a stage is not running (or what it did)");
+  explain->add_option("RUN", explain_run, "run id")->required();
+  explain->add_option("STAGE", explain_stage, "stage name")->required();
+  AddFormat(explain, explain_format);
+
   std::string watch_run, watch_format = "table";
   auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
   watch->add_option("RUN", watch_run, "run id")->required();
+  bool watch_execute = false;
+  watch->add_flag("--execute", watch_execute,
+                  "also run its stages in this process, as `run` does (no daemons needed)");
+  SandboxArgs watch_sandbox;
+  AddSandboxOptions(watch, watch_sandbox);
   AddFormat(watch, watch_format)
       ->description(
           "table (default) or json: the finished run as `show --format json` prints it "
@@ -197,6 +208,8 @@ int main(int argc, char** argv) {
   auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
   logs->add_option("RUN", logs_run, "run id")->required();
   logs->add_option("STAGE", logs_stage, "only this stage (a matrix stage: every expansion)");
+  bool logs_follow = false;
+  logs->add_flag("-f,--follow", logs_follow, "keep printing new output until the run ends");
   AddFormat(logs, logs_format);
 
   std::string instances_format = "table";
@@ -222,6 +235,19 @@ int main(int argc, char** argv) {
                     "group by any of project,pipeline,run,stage,kind,instance,market,day,month");
   spend->add_option("--format", spend_args.format, "table, csv or json")
       ->check(CLI::IsMember({"table", "csv", "json"}));
+
+  EventsArgs events_args;
+  auto* events = app.add_subcommand(
+      "events", "what happened to money and stages: budget thresholds and stops, interruptions, "
+                "lost attempts");
+  events->add_option("--project", events_args.project, "only this project");
+  events->add_option("--run", events_args.run, "only this run");
+  events->add_option("--since", events_args.since, "from this day (YYYY-MM-DD) or time ago (7d)");
+  events->add_option("--kind", events_args.kind, "only this kind")
+      ->check(CLI::IsMember({"budget", "interruption", "capacity", "lost"}));
+  events->add_option("--limit", events_args.limit, "the newest this many (default 100)")
+      ->check(CLI::Range(1, 100000));
+  AddFormat(events, events_args.format);
 
   auto* budget = app.add_subcommand("budget", "project budgets");
   budget->require_subcommand(1);
@@ -295,6 +321,22 @@ int main(int argc, char** argv) {
   auto* sched_ls = schedule->add_subcommand("ls", "schedules with their next slot");
   std::string sched_format = "table";
   AddFormat(sched_ls, sched_format);
+  auto* sched_show = schedule->add_subcommand(
+      "show", "a schedule: its pipeline snapshot, params, next slots, last fire, and whether "
+              "the file differs from the snapshot");
+  sched_show->add_option("NAME", sched_name, "schedule")->required();
+  AddFormat(sched_show, sched_format);
+  ScheduleUpdateArgs sched_update_args;
+  auto* sched_update = schedule->add_subcommand(
+      "update", "re-read the pipeline file (or --file), validate it, replace the snapshot");
+  sched_update->add_option("NAME", sched_update_args.name, "schedule")->required();
+  sched_update->add_option("--file", sched_update_args.file, "take the pipeline from this file");
+  sched_update->add_option("--param", sched_update_args.params,
+                           "key=value over the stored params (repeatable)");
+  sched_update->add_flag("--reset-params", sched_update_args.reset_params,
+                         "drop the stored params first");
+  sched_update->add_option("--cron", sched_update_args.cron, "a new cron expression");
+  sched_update->add_option("--tz", sched_update_args.tz, "a new IANA time zone");
   auto* sched_pause = schedule->add_subcommand("pause", "stop firing a schedule");
   sched_pause->add_option("NAME", sched_name, "schedule")->required();
   auto* sched_resume = schedule->add_subcommand("resume", "fire it again, from now on");
@@ -384,17 +426,21 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return CmdPlan(plan_args);
     if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
-    if (watch->parsed()) return CmdWatch(watch_run, watch_format);
+    if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox, watch_format);
+    if (explain->parsed()) return CmdExplain(explain_run, explain_stage, explain_format);
     if (cancel->parsed()) return CmdCancel(cancel_run);
     if (resume->parsed()) return CmdResume(resume_run);
     if (retry->parsed()) return CmdRetry(retry_run, retry_stage);
-    if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_format);
+    if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_follow, logs_format);
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (models->parsed()) return CmdModels(models_format);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
+    if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
     if (sched_ls->parsed()) return CmdScheduleList(sched_format);
+    if (sched_show->parsed()) return CmdScheduleShow(sched_name, sched_format);
+    if (sched_update->parsed()) return CmdScheduleUpdate(sched_update_args);
     if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
     if (sched_resume->parsed()) return CmdSchedulePause(sched_name, false);
     if (sched_rm->parsed()) return CmdScheduleRemove(sched_name, sched_rm_args);

@@ -149,7 +149,7 @@ const std::vector<std::string>& NestedKeys(const std::string& parent) {
 const std::map<std::string, std::string> kFreeKeys = {
     {"params", "<name>"}, {"env", "<NAME>"}, {"matrix", "<key>"}};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
-    {StageKind::kRun, {"run", "shell", "outputs", "secrets"}},
+    {StageKind::kRun, {"run", "shell", "outputs", "secrets", "estimate"}},
     {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
     {StageKind::kCompile,
      {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
@@ -973,6 +973,9 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
     }
     ParseOutputs(n, name_loc, scope, &st);
     ParseSecrets(n, &st);
+    // How long the command runs, for `plan` and budget admission; the engine cannot know.
+    if (const YAML::Node& e = n["estimate"])
+      if (auto v = Duration(e, "estimate", scope)) st.estimate_s = *v;
     p_.stages.push_back(std::move(st));
     return;
   }

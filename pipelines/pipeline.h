@@ -23,6 +23,9 @@ struct Stage {
   std::string pool;                       // worker pool of the instance type
   Loc loc;                                // where the stage is defined
   std::map<std::string, Loc> fields;      // where each of its fields' values is
+  // run: stages: `estimate:`, the simulated seconds the command is expected to run (planning
+  // only; the command runs as long as it runs).
+  std::optional<double> estimate_s;
   // The place of a field's value, or of the stage when the field is absent.
   Loc At(const std::string& field) const {
     auto it = fields.find(field);

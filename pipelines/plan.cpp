@@ -12,6 +12,21 @@
 
 namespace trnflow::pipelines {
 namespace {
+// printf into a string of whatever length it takes.
+template <typename... Args>
+std::string Format(const char* fmt, Args... args) {
+  int n = std::snprintf(nullptr, 0, fmt, args...);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::snprintf(out.data(), out.size() + 1, fmt, args...);
+  return out;
+}
+
+// A table line without the padding a last empty column leaves.
+std::string Line(std::string text) {
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text + "\n";
+}
+
 double Round(double v, int places) {
   double f = std::pow(10.0, places);
   return std::round(v * f) / f;
@@ -61,7 +76,28 @@ void FindCheaper(const Pipeline& p, const Stage& s, StagePlan& sp) {
 
 }  // namespace
 
+std::string_view ToString(EstimateSource source) {
+  switch (source) {
+    case EstimateSource::kModel:
+      return "model";
+    case EstimateSource::kEstimate:
+      return "estimate";
+    case EstimateSource::kHistory:
+      return "history";
+    case EstimateSource::kUnknown:
+      return "unknown";
+    case EstimateSource::kCache:
+      return "cache";
+  }
+  return "unknown";
+}
+
 Plan MakePlan(const Pipeline& p, const std::function<bool(const std::string&)>& is_cached) {
+  return MakePlan(p, PlanInputs{is_cached, {}});
+}
+
+Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
+  const auto& is_cached = inputs.is_cached;
   const sim::Catalog& hw = sim::Catalog::Builtin();
   Plan plan;
   plan.pipeline = p.name;
@@ -76,8 +112,23 @@ Plan MakePlan(const Pipeline& p, const std::function<bool(const std::string&)>& 
     sp.instance = s.spec.instance;
     sp.count = s.spec.count;
     sp.market = std::string(ToString(s.spec.market));
-    double seconds = 60;  // a run: command's length is unknown: plan its billing minimum
+    // A command's length comes from its estimate: or its past; failing both it is unknown,
+    // and planned at its billing minimum (a floor, labelled as such).
+    double seconds = 60;
     sp.cached = is_cached && !s.spec.cache_key.empty() && is_cached(s.spec.cache_key);
+    if (s.spec.kind == StageKind::kRun) {
+      std::optional<StageHistory> past;
+      if (s.estimate_s) {
+        seconds = *s.estimate_s;
+        sp.source = EstimateSource::kEstimate;
+      } else if (inputs.history && (past = inputs.history(s.spec.name)) && past->runs > 0) {
+        seconds = past->median_seconds;
+        sp.source = EstimateSource::kHistory;
+        sp.history_runs = past->runs;
+      } else {
+        sp.source = EstimateSource::kUnknown;
+      }
+    }
     if (s.workload && t) {
       sim::Estimate e = sim::EstimateStage(*s.workload, *t, s.spec.count);
       seconds = e.seconds;
@@ -89,7 +140,10 @@ Plan MakePlan(const Pipeline& p, const std::function<bool(const std::string&)>& 
         sp.usd_per_million_tokens = usd_per_hour / (e.tokens_per_second * 3600) * 1e6;
       }
     }
-    if (sp.cached) seconds = 0;  // served from the cache: no instance, no time
+    if (sp.cached) {  // served from the cache: no instance, no time
+      seconds = 0;
+      sp.source = EstimateSource::kCache;
+    }
     sp.hours = seconds / 3600;
     if (t && !sp.cached) {
       sp.cost = Charge(t->price(s.spec.market == Market::kSpot), s.spec.count, seconds);
@@ -116,6 +170,10 @@ Plan MakePlan(const Pipeline& p, const std::function<bool(const std::string&)>& 
   std::vector<StagePlan> ordered;
   for (const auto& s : p.stages) ordered.push_back(plan.stages[index[s.spec.name]]);
   plan.stages = std::move(ordered);
+  std::vector<std::string> unknown;  // file order, like the stages
+  for (const auto& s : plan.stages)
+    if (s.source == EstimateSource::kUnknown) unknown.push_back(s.name);
+  plan.unknown_stages = std::move(unknown);
   return plan;
 }
 
@@ -133,7 +191,9 @@ std::string PlanToJson(const Plan& plan) {
         {"on_demand_cost_usd", s.on_demand_cost.usd()},
         {"expected_interruptions", Round(s.expected_interruptions, 3)},
         {"expected_interruption_cost_usd", s.expected_interruption_cost.usd()},
-        {"cached", s.cached}};
+        {"cached", s.cached},
+        {"estimate_source", std::string(ToString(s.source))}};
+    if (s.source == EstimateSource::kHistory) j["history_runs"] = s.history_runs;
     if (!s.cheaper_instance.empty())
       j["cheaper_alternative"] = {{"instance", s.cheaper_instance},
                                   {"cost_usd", s.cheaper_cost.usd()}};
@@ -148,26 +208,36 @@ std::string PlanToJson(const Plan& plan) {
   nlohmann::ordered_json out = {{"pipeline", plan.pipeline},
                                 {"stages", stages},
                                 {"total_hours", Round(plan.total_hours, 3)},
-                                {"total_cost_usd", plan.total_cost.usd()}};
+                                {"total_cost_usd", plan.total_cost.usd()},
+                                {"unknown_stages", plan.unknown_stages}};
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 std::string PlanToTable(const Plan& plan) {
   size_t w = 5;
   for (const auto& s : plan.stages) w = std::max(w, s.name.size());
-  std::string out;
-  char line[512];
-  std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %s\n",
-                static_cast<int>(w), "STAGE", "KIND", "INSTANCE", "MARKET", "HOURS", "COST",
-                "ON-DEMAND", "NOTES");
-  out += line;
+  auto source_of = [](const StagePlan& s) {
+    if (s.source == EstimateSource::kHistory)
+      return "history (" + std::to_string(s.history_runs) +
+             (s.history_runs == 1 ? " run)" : " runs)");
+    return std::string(ToString(s.source));
+  };
+  size_t sw = 6;
+  for (const auto& s : plan.stages) sw = std::max(sw, source_of(s).size());
+  std::string out = Line(Format("%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  %s",
+                                 static_cast<int>(w), "STAGE", "KIND", "INSTANCE", "MARKET",
+                                 "HOURS", "COST", "ON-DEMAND", static_cast<int>(sw), "SOURCE",
+                                 "NOTES"));
   for (const auto& s : plan.stages) {
     std::string notes;
+    bool unknown = s.source == EstimateSource::kUnknown;
+    if (unknown)
+      notes = "length unknown: counted at the 60 s billing minimum; give it an `estimate:`";
     if (s.expected_interruptions > 0.005) {
       char b[96];
-      std::snprintf(b, sizeof b, "~%.2f interruptions (~%s lost)", s.expected_interruptions,
-                    s.expected_interruption_cost.ToDollars().c_str());
-      notes = b;
+      std::snprintf(b, sizeof b, "%s~%.2f interruptions (~%s lost)", notes.empty() ? "" : "; ",
+                    s.expected_interruptions, s.expected_interruption_cost.ToDollars().c_str());
+      notes += b;
     }
     if (s.ms_per_token > 0) {
       char b[128];
@@ -185,15 +255,30 @@ std::string PlanToTable(const Plan& plan) {
       notes += (notes.empty() ? "" : "; ") + std::string("cheaper: ") + s.cheaper_instance + " " +
                s.cheaper_cost.ToDollars();
     std::string inst = s.instance + (s.count > 1 ? " x" + std::to_string(s.count) : "");
-    std::snprintf(line, sizeof line, "%-*s  %-8s  %-18s  %-9s  %8.2f  %10s  %10s  %s\n",
-                  static_cast<int>(w), s.name.c_str(), s.kind.c_str(), inst.c_str(),
-                  s.market.c_str(), s.hours, s.cost.ToDollars().c_str(),
-                  s.on_demand_cost.ToDollars().c_str(), notes.c_str());
-    out += line;
+    char hours[32];
+    std::snprintf(hours, sizeof hours, "%.2f", s.hours);
+    // An unknown length shows as such: its cost is a floor, not a figure.
+    std::string cost = (unknown ? ">=" : "") + s.cost.ToDollars();
+    std::string on_demand = (unknown ? ">=" : "") + s.on_demand_cost.ToDollars();
+    out += Line(Format("%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  ", static_cast<int>(w),
+                       s.name.c_str(), s.kind.c_str(), inst.c_str(), s.market.c_str(),
+                       unknown ? "?" : hours, cost.c_str(), on_demand.c_str(),
+                       static_cast<int>(sw), source_of(s).c_str()) +
+                notes);
   }
-  std::snprintf(line, sizeof line, "total: %s, %.2f hours on the critical path\n",
-                plan.total_cost.ToDollars().c_str(), plan.total_hours);
-  out += line;
+  out += Format("total: %s%s, %.2f hours on the critical path\n",
+                plan.unknown_stages.empty() ? "" : "at least ", plan.total_cost.ToDollars().c_str(),
+                plan.total_hours);
+  if (!plan.unknown_stages.empty()) {
+    std::string names;
+    for (const auto& n : plan.unknown_stages) names += (names.empty() ? "" : ", ") + n;
+    size_t n = plan.unknown_stages.size();
+    out += std::to_string(n) + (n == 1 ? " stage runs" : " stages run") +
+           " a command of unknown length (" + names +
+           "), counted at the 60 s billing minimum. Give " + (n == 1 ? "it" : "each") +
+           " an `estimate:` (like `estimate: 30m`), or run the pipeline once: plan then uses "
+           "the median of past runs.\n";
+  }
   return out;
 }
 

@@ -1,6 +1,9 @@
 #include "scheduler/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -47,7 +50,8 @@ void GuardBudgets(schema::Catalog& c) {
                         b.period + " budget of " + b.amount.ToDollars() + " (past " +
                         std::to_string(t) + "%)";
       c.InsertEvent(0, 0, "budget", msg,
-                    R"({"project": ")" + b.project + R"(", "percent": )" + std::to_string(t) + "}");
+                    R"({"project": ")" + b.project + R"(", "percent": )" + std::to_string(t) + "}",
+                    b.project);
       log->warn("{}", msg);
     }
     if (reached > b.notified_percent) c.RecordBudgetNotice(b.project, reached);
@@ -175,10 +179,20 @@ void Scheduler::Loop() {
            r.sim_seconds = e.sim_seconds;
            r.billed_seconds = BilledSeconds(e.sim_seconds);
            r.cost = Charge(e.price_per_hour, e.instance_count, e.sim_seconds);
-           r.wasted = r.cost;  // nothing since the last checkpoint can be trusted
+           // What the attempt checkpointed is kept (the next attempt resumes there); the work
+           // after it is redone, so wasted. An attempt that never reported progress lost all.
+           double worked = e.live_progress - e.progress_from;
+           double kept = std::max(0.0, e.progress - e.progress_from);
+           double lost = worked > 0 ? std::clamp((worked - kept) / worked, 0.0, 1.0) : 1.0;
+           r.wasted = Money::FromMicros(std::llround(static_cast<double>(r.cost.micros()) * lost));
            r.baseline = r.cost;
            r.progress_to = e.progress;
-           r.message = "lease expired: worker stopped heartbeating; " + d.reason;
+           char buf[200];
+           std::snprintf(buf, sizeof buf,
+                         "lost: its worker stopped heartbeating (billed to the last heartbeat, "
+                         "%.2f simulated hours); resumes from %.1f%%",
+                         e.sim_seconds / 3600, 100 * e.progress);
+           r.message = std::string(buf) + "; " + d.reason;
            Logger("scheduler.rescuer")
                ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt, ToString(d.next));
            return r;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -450,11 +451,62 @@ int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o)
 }
 
 void Catalog::RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
-                             const std::string& pools_json) {
+                             const std::string& pools_json, int64_t only_run,
+                             const std::string& home) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json);
+    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home);
     tx.commit();
+  });
+}
+
+std::vector<LiveWorker> Catalog::LiveWorkers(double max_age_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<LiveWorker> out;
+    for (const auto& row : impl_->Exec(tx, "LiveWorkers", max_age_s)) {
+      LiveWorker w;
+      w.id = row[0].as<std::string>();
+      w.host = row[1].as<std::string>();
+      w.pid = row[2].as<int>();
+      auto pools = nlohmann::json::parse(row[3].as<std::string>());
+      for (auto it = pools.begin(); it != pools.end(); ++it) w.pools[it.key()] = it->get<int>();
+      w.only_run = row[4].as<int64_t>();
+      w.heartbeat_age_s = row[5].as<double>();
+      auto in_use = nlohmann::json::parse(row[6].as<std::string>());
+      for (auto it = in_use.begin(); it != in_use.end(); ++it)
+        w.in_use[it.key()] = static_cast<int>(it->get<double>());
+      out.push_back(std::move(w));
+    }
+    return out;
+  });
+}
+
+std::optional<StageWait> Catalog::ExplainStage(int64_t run_id, const std::string& stage) {
+  return impl_->Guard([&]() -> std::optional<StageWait> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "ExplainStage", run_id, stage);
+    if (r.empty()) return std::nullopt;
+    const auto& row = r[0];
+    StageWait w;
+    w.stage_id = row[0].as<int64_t>();
+    w.state = row[1].as<std::string>();
+    w.pool = row[2].as<std::string>();
+    w.instance_count = row[3].as<int>();
+    w.attempts = row[4].as<int>();
+    w.priority = row[5].as<int>();
+    w.run_state = row[6].as<std::string>();
+    w.project = row[7].as<std::string>();
+    w.ready_in_s = row[8].as<double>();
+    for (const auto& item : SplitComma(row[9].as<std::string>())) {
+      auto colon = item.rfind(':');
+      w.waiting_for.push_back({item.substr(0, colon), item.substr(colon + 1)});
+    }
+    w.queued_ahead = row[10].as<int64_t>();
+    w.last_outcome = row[11].as<std::string>();
+    w.last_message = row[12].as<std::string>();
+    w.running_on = row[13].as<std::string>();
+    return w;
   });
 }
 
@@ -527,10 +579,23 @@ std::vector<BudgetReservation> Catalog::ReserveBudgets(
 }
 
 std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s,
-                                               const std::vector<int64_t>& stage_ids) {
+                                               const std::vector<LiveReport>& reports) {
+  std::vector<int64_t> ids;
+  std::vector<double> progress, checkpointed, sim_seconds, eta;
+  for (const auto& r : reports) {
+    ids.push_back(r.stage_id);
+    auto finite = [](double v) { return std::isfinite(v) ? v : -1.0; };
+    progress.push_back(r.known ? std::clamp(finite(r.progress), 0.0, 1.0) : -1);
+    checkpointed.push_back(r.known ? std::clamp(finite(r.checkpointed), 0.0, 1.0) : -1);
+    sim_seconds.push_back(r.known ? std::max(0.0, finite(r.sim_seconds)) : -1);
+    eta.push_back(r.known ? finite(r.eta_s) : -1);
+  }
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::result r = impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s, NumberArray(stage_ids));
+    pqxx::result r =
+        impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s, NumberArray(ids),
+                    NumberArray(progress), NumberArray(checkpointed), NumberArray(sim_seconds),
+                    NumberArray(eta));
     impl_->Exec(tx, "WorkerHeartbeat", worker_id);
     tx.commit();
     std::vector<LeaseKey> out;
@@ -614,6 +679,8 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
       e.sim_seconds = row[10].as<double>();
       e.market = ParseMarket(row[11].as<std::string>()).value_or(e.spec.market);
       e.speed = row[12].as<double>();
+      e.progress_from = row[13].as<double>();
+      e.live_progress = row[14].as<double>();
       results.push_back(decide(e));
     }
     auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);
@@ -690,6 +757,12 @@ std::vector<StageRow> Catalog::GetStages(int64_t run_id) {
       s.billed_seconds = row[10].as<int64_t>();
       s.running_cost_usd = row[11].as<double>();
       s.needs = SplitComma(row[12].as<std::string>());
+      s.live_progress = row[13].as<double>();
+      s.live_sim_seconds = row[14].as<double>();
+      s.live_eta_s = row[15].as<double>();
+      s.heartbeat_age_s = row[16].as<double>();
+      s.last_outcome = row[17].as<std::string>();
+      s.last_message = row[18].as<std::string>();
       out.push_back(std::move(s));
     }
     return out;
@@ -720,6 +793,7 @@ std::vector<AttemptRow> Catalog::GetAttempts(int64_t run_id) {
       a.progress_from = row[15].as<double>();
       a.progress_to = row[16].as<double>();
       a.message = row[17].as<std::string>();
+      a.worker_home = row[18].as<std::string>();
       out.push_back(std::move(a));
     }
     return out;
@@ -727,11 +801,45 @@ std::vector<AttemptRow> Catalog::GetAttempts(int64_t run_id) {
 }
 
 void Catalog::InsertEvent(int64_t run_id, int64_t stage_id, const std::string& kind,
-                          const std::string& message, const std::string& data_json) {
+                          const std::string& message, const std::string& data_json,
+                          const std::string& project) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "InsertEvent", run_id, stage_id, kind, message, data_json);
+    impl_->Exec(tx, "InsertEvent", run_id, stage_id, kind, message, data_json, project);
     tx.commit();
+  });
+}
+
+std::vector<EventLogRow> Catalog::EventLog(const std::string& project, int64_t run_id,
+                                          const std::string& since, const std::string& kind,
+                                          int limit) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<EventLogRow> out;
+    for (const auto& row :
+         impl_->Exec(tx, "EventLog", project, run_id, since.empty() ? "-infinity" : since, kind,
+                     limit)) {
+      EventLogRow e;
+      e.at = row[0].as<std::string>();
+      e.kind = row[1].as<std::string>();
+      e.project = row[2].as<std::string>();
+      e.run_id = row[3].as<int64_t>();
+      e.stage = row[4].as<std::string>();
+      e.attempt = row[5].as<int>();
+      e.message = row[6].as<std::string>();
+      e.data_json = row[7].as<std::string>();
+      out.push_back(std::move(e));
+    }
+    return out;
+  });
+}
+
+std::pair<int64_t, Money> Catalog::RunningSpend(const std::string& project,
+                                                const std::string& pipeline) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto row = impl_->Exec(tx, "RunningSpend", project, pipeline)[0];
+    return std::make_pair(row[0].as<int64_t>(), MoneyOf(row[1]));
   });
 }
 
@@ -1137,6 +1245,61 @@ std::vector<ScheduleRow> Catalog::ListSchedules() {
       r.fires = row[13].as<int64_t>();
       out.push_back(std::move(r));
     }
+    return out;
+  });
+}
+
+std::optional<ScheduleRow> Catalog::GetSchedule(const std::string& name) {
+  return impl_->Guard([&]() -> std::optional<ScheduleRow> {
+    pqxx::work tx(impl_->C());
+    auto rows = impl_->Exec(tx, "GetSchedule", name);
+    if (rows.empty()) return std::nullopt;
+    const auto& row = rows[0];
+    ScheduleRow r;
+    r.name = row[0].as<std::string>();
+    r.file = row[1].as<std::string>();
+    r.source = row[2].as<std::string>();
+    r.params_json = row[3].as<std::string>();
+    r.project = row[4].as<std::string>();
+    r.cron = row[5].as<std::string>();
+    r.tz = row[6].as<std::string>();
+    r.catchup = row[7].as<std::string>();
+    r.speed = row[8].as<double>();
+    r.workdir = row[9].as<std::string>();
+    r.paused = row[10].as<bool>();
+    r.last_slot_epoch = row[11].as<double>();
+    r.last_run = row[12].as<int64_t>();
+    r.fires = row[13].as<int64_t>();
+    r.created_at = row[14].as<std::string>();
+    r.updated_at = row[15].as<std::string>();
+    r.last_slot_fired = row[16].as<std::string>();
+    r.last_fired_at = row[17].as<std::string>();
+    r.last_run_state = row[18].as<std::string>();
+    return r;
+  });
+}
+
+bool Catalog::UpdateSchedule(const ScheduleRow& r) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool found = !impl_
+                      ->Exec(tx, "UpdateSchedule", r.name, r.file, r.source, r.params_json,
+                             r.project, r.cron, r.tz, r.workdir)
+                      .empty();
+    tx.commit();
+    return found;
+  });
+}
+
+std::map<std::string, StageHistoryRow> Catalog::StageHistory(
+    const std::string& project, const std::string& pipeline,
+    const std::vector<std::string>& stages) {
+  if (stages.empty()) return {};
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::map<std::string, StageHistoryRow> out;
+    for (const auto& row : impl_->Exec(tx, "StageHistory", project, pipeline, TextArray(stages)))
+      out[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<int>()};
     return out;
   });
 }

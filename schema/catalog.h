@@ -107,6 +107,53 @@ struct LeaseKey {
   std::string cancel_reason;   // "cancelled" or "budget_exceeded"
 };
 
+// What a running attempt last said about itself, sent with its lease's heartbeat.
+struct LiveReport {
+  int64_t stage_id = 0;
+  bool known = false;         // false: nothing reported yet; only the lease is renewed
+  double progress = 0;        // how far it is, 0..1
+  double checkpointed = 0;    // how far its last checkpoint got, 0..1 (the next attempt's start)
+  double sim_seconds = 0;     // simulated seconds it has run
+  double eta_s = -1;          // simulated seconds it expects still to run; < 0: unknown
+};
+
+struct LiveWorker {
+  std::string id;
+  std::string host;
+  int pid = 0;
+  std::map<std::string, int> pools;  // pool -> capacity in instances
+  std::map<std::string, int> in_use;  // pool -> instances its running stages hold
+  int64_t only_run = 0;               // runs this run's stages only; 0: any run
+  double heartbeat_age_s = 0;
+};
+
+struct StageWait {
+  int64_t stage_id = 0;
+  std::string state;
+  std::string pool;
+  int instance_count = 1;
+  int attempts = 0;
+  int priority = 0;
+  std::string run_state;
+  std::string project;
+  double ready_in_s = 0;  // retry_wait: wall seconds until its backoff ends
+  std::vector<std::pair<std::string, std::string>> waiting_for;  // needs not done: name, state
+  int64_t queued_ahead = 0;  // ready: ready stages of its pool that are claimed before it
+  std::string last_outcome, last_message;
+  std::string running_on;  // running: the host of the worker that holds its lease
+};
+
+struct EventLogRow {
+  std::string at;  // ISO 8601 UTC
+  std::string kind;  // budget, interruption, capacity, lost, ...
+  std::string project;
+  int64_t run_id = 0;  // 0: about the project as a whole
+  std::string stage;
+  int attempt = 0;
+  std::string message;
+  std::string data_json;
+};
+
 struct CancelReport {
   bool cancelled = false;  // false: the run had already ended
   int stages_cancelled = 0;
@@ -141,7 +188,14 @@ struct StageRow {
   double progress = 0;
   Money cost;                   // closed attempts
   int64_t billed_seconds = 0;   // closed attempts
-  double running_cost_usd = 0;  // estimate for the attempt in progress
+  double running_cost_usd = 0;  // the attempt in progress, for the simulated time it has run
+  // The attempt in progress, as its last heartbeat reported it; < 0: not reported.
+  double live_progress = -1;
+  double live_sim_seconds = -1;
+  double live_eta_s = -1;
+  double heartbeat_age_s = -1;  // wall seconds since that heartbeat
+  std::string last_outcome;     // the last attempt that ended: its outcome and why ("" if none)
+  std::string last_message;
   std::vector<std::string> needs;
 };
 
@@ -164,6 +218,7 @@ struct AttemptRow {
   double progress_from = 0;
   double progress_to = 0;
   std::string message;
+  std::string worker_home;  // the TRNFLOW_HOME of the worker that ran it ("" if unknown)
 };
 
 struct ExpiredLease {
@@ -175,10 +230,12 @@ struct ExpiredLease {
   int preemptions = 0;
   StageSpec spec;
   Market market = Market::kOnDemand;
-  double progress = 0;
+  double progress = 0;       // the stage's resume point: the attempt's last checkpoint
+  double progress_from = 0;  // where the attempt started
+  double live_progress = -1;  // how far its last heartbeat said it was; < 0: never said
   int instance_count = 1;
   Money price_per_hour;
-  double sim_seconds = 0;  // simulated time since the attempt started
+  double sim_seconds = 0;  // simulated time from the attempt's start to its last heartbeat
   double speed = 1;        // the run's simulated seconds per wall second
 };
 
@@ -243,6 +300,16 @@ struct ScheduleRow {
   double last_slot_epoch = 0;  // slots after this are due (seconds since 1970, UTC)
   int64_t last_run = 0;        // run of the latest fired slot, 0 if none
   int64_t fires = 0;
+  // GetSchedule only (UTC, ISO 8601; "" when none):
+  std::string created_at, updated_at;  // added; its snapshot taken
+  std::string last_slot_fired, last_fired_at, last_run_state;  // the latest fire and its run
+};
+
+// A run: stage's past, for planning: the median simulated seconds of its succeeded attempts
+// and over how many runs.
+struct StageHistoryRow {
+  double median_seconds = 0;
+  int runs = 0;
 };
 
 struct MigrateReport {
@@ -279,22 +346,29 @@ class Catalog {
   int64_t SubmitRun(const pipelines::Pipeline& pipeline, const SubmitOptions& options);
 
   // --- workers ----------------------------------------------------------------------------
+  // only_run: the worker runs that run's stages only (`trnflow run`); 0: any run.
   void RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
-                      const std::string& pools_json);
+                      const std::string& pools_json, int64_t only_run = 0,
+                      const std::string& home = "");
+  // Workers that heartbeated in the last `max_age_s` seconds and have not stopped.
+  std::vector<LiveWorker> LiveWorkers(double max_age_s);
+  // What a stage waits for (`trnflow explain`); nullopt: the run has no such stage.
+  std::optional<StageWait> ExplainStage(int64_t run_id, const std::string& stage);
   void StopWorker(const std::string& worker_id);
   std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
                                              const std::string& worker_id,
                                              const std::string& worker_name, double lease_s,
                                              int64_t only_run = 0);
-  // Renews the leases of `stage_ids` (the stages this worker runs) and returns those it still
-  // holds; an in-flight stage missing here was taken over.
   // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
   // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
   // limits are left out of the answer.
   std::vector<BudgetReservation> ReserveBudgets(const std::vector<ClaimedStage>& claims,
                                                 const std::vector<std::optional<Money>>& expected);
+  // Renews the leases of the stages this worker runs (one report each) and returns those it
+  // still holds; an in-flight stage missing here was taken over. Records what each attempt
+  // said of itself: a checkpoint moves its stage's resume point forward at once.
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
-                                        const std::vector<int64_t>& stage_ids);
+                                        const std::vector<LiveReport>& reports);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,
   // skips what is downstream of stages that failed, and finishes runs, in one transaction.
   // Returns the results that were applied (a stale result is silently dropped).
@@ -315,8 +389,16 @@ class Catalog {
   std::vector<RunRow> ListRuns(const std::string& project, const std::string& state, int limit);
   std::vector<StageRow> GetStages(int64_t run_id);
   std::vector<AttemptRow> GetAttempts(int64_t run_id);
+  // trnflow.event_log, the newest `limit` (oldest first): '' / 0 filters match anything; since
+  // is a timestamp PostgreSQL reads ('-infinity' for all).
+  std::vector<EventLogRow> EventLog(const std::string& project, int64_t run_id,
+                                    const std::string& since, const std::string& kind, int limit);
+  // Attempts still open (`project`, `pipeline`: '' = any) and what they have cost so far.
+  std::pair<int64_t, Money> RunningSpend(const std::string& project, const std::string& pipeline);
+  // project: for events about a project as a whole (run_id 0), so its members see them.
   void InsertEvent(int64_t run_id, int64_t stage_id, const std::string& kind,
-                   const std::string& message, const std::string& data_json = "{}");
+                   const std::string& message, const std::string& data_json = "{}",
+                   const std::string& project = "");
   void InsertEvents(const std::vector<EventRow>& events);
   // The newest metrics event of each stage of a run: stage id -> JSON.
   std::map<int64_t, std::string> LatestStageMetrics(int64_t run_id);
@@ -399,10 +481,20 @@ class Catalog {
   bool AddCacheTrust(const std::string& project, const std::string& trusts);
   bool RemoveCacheTrust(const std::string& project, const std::string& trusts);  // false: none
   std::vector<std::pair<std::string, std::string>> ListCacheTrust();  // (project, trusts)
+  // --- planning ------------------------------------------------------------------------------
+  // The past of run: stages named `stages` in `project`'s runs of `pipeline` (latest 20 runs
+  // each); a stage that never succeeded there is absent.
+  std::map<std::string, StageHistoryRow> StageHistory(const std::string& project,
+                                                      const std::string& pipeline,
+                                                      const std::vector<std::string>& stages);
   // --- schedules -----------------------------------------------------------------------------
   // False when a schedule of that name exists.
   bool AddSchedule(const ScheduleRow& s);
   std::vector<ScheduleRow> ListSchedules();
+  std::optional<ScheduleRow> GetSchedule(const std::string& name);  // nullopt: no such schedule
+  // Replaces the snapshot, params, project, cron, tz and workdir of `s.name` (a new cron or tz
+  // counts from now). False: no such schedule.
+  bool UpdateSchedule(const ScheduleRow& s);
   bool SetSchedulePaused(const std::string& name, bool paused);  // false: no such schedule
   bool RemoveSchedule(const std::string& name);
   // Fires one slot: records it and submits the run in one transaction. Returns the run id, or

@@ -15,9 +15,9 @@
 
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
+#include "tests/daemon.h"
 #include "tests/test_db.h"
 
-extern char** environ;
 
 namespace trnflow {
 namespace {
@@ -25,52 +25,9 @@ namespace {
 using testing::TestDatabase;
 using testing::WaitFor;
 
-std::string LogDir() {
-  static std::string dir = [] {
-    auto p = std::filesystem::temp_directory_path() / ("trnflow-chaos-" + std::to_string(getpid()));
-    std::filesystem::create_directories(p);
-    return p.string();
-  }();
-  return dir;
-}
+using testing::Daemon;
 
-// A `trnflow` daemon as a child process; SIGKILLed when the object goes away.
-class Daemon {
- public:
-  Daemon(std::string name, std::vector<std::string> args)
-      : name_(std::move(name)), args_(std::move(args)) {}
-  ~Daemon() { Kill(SIGKILL); }
-
-  void Start() {
-    std::vector<std::string> argv = {TRNFLOW_BINARY};
-    argv.insert(argv.end(), args_.begin(), args_.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    std::string log = LogDir() + "/" + name_ + ".log";
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    ASSERT_EQ(posix_spawn(&pid_, TRNFLOW_BINARY, &fa, nullptr, cargv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    if (sig == SIGKILL || sig == SIGTERM) {
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& name() const { return name_; }
-
- private:
-  std::string name_;
-  std::vector<std::string> args_;
-  pid_t pid_ = -1;
-};
+std::string LogDir() { return testing::DaemonLogDir(); }
 
 std::string Home() { return LogDir() + "/home"; }
 

@@ -10,12 +10,17 @@
 
 namespace trnflow::testing {
 
+std::string CliHome() {
+  return std::filesystem::temp_directory_path() /
+         ("trnflow-cli-home-" + std::to_string(getpid()));
+}
+
 CliResult RunTrnflow(const std::string& args, const std::string& env) {
   static int n = 0;
   auto tmp = std::filesystem::temp_directory_path();
   std::string err_file =
       tmp / ("trnflow-cli-" + std::to_string(getpid()) + "-" + std::to_string(++n));
-  std::string home = tmp / ("trnflow-cli-home-" + std::to_string(getpid()));
+  std::string home = CliHome();
   std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
                     TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";
   CliResult r;

@@ -11,6 +11,9 @@ struct CliResult {
   std::string err;
 };
 
+// The TRNFLOW_HOME RunTrnflow gives the commands (daemons that should share it take it too).
+std::string CliHome();
+
 // `env` is prepended to the command line: "VAR=value VAR2=value" or a wrapper like "timeout 60".
 CliResult RunTrnflow(const std::string& args, const std::string& env = "");
 

@@ -353,4 +353,49 @@ TEST(Plan, TotalsAreTheSumOfStagesAndTheCriticalPath) {
   EXPECT_NE(PlanToJson(plan).find("\"total_cost_usd\""), std::string::npos);
 }
 
+// A command's length: its estimate:, else its past (the caller's), else unknown and said so.
+TEST(Plan, RunStagesArePricedFromTheirEstimateTheirPastOrNotAtAll) {
+  auto r = Parse(R"(pipeline: p
+project: lab
+stages:
+  a:
+    run: ["true"]
+    instance: c6i.xlarge
+    count: 4
+    estimate: 1h30m
+  b:
+    run: ["true"]
+    instance: c6i.xlarge
+  c:
+    run: ["true"]
+    instance: c6i.xlarge
+)");
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  Money hour = sim::Catalog::Builtin().FindInstance("c6i.xlarge")->on_demand_per_hour;
+  PlanInputs in;
+  in.history = [](const std::string& stage) -> std::optional<StageHistory> {
+    if (stage == "b") return StageHistory{1800, 5};
+    return std::nullopt;
+  };
+  Plan plan = MakePlan(*r.pipeline, in);
+  ASSERT_EQ(plan.stages.size(), 3u);
+  EXPECT_EQ(plan.stages[0].source, EstimateSource::kEstimate);
+  EXPECT_EQ(plan.stages[0].cost, Money::FromMicros(hour.micros() * 4 * 3 / 2));
+  EXPECT_EQ(plan.stages[1].source, EstimateSource::kHistory);
+  EXPECT_EQ(plan.stages[1].history_runs, 5);
+  EXPECT_EQ(plan.stages[1].cost, Money::FromMicros(hour.micros() / 2));
+  EXPECT_EQ(plan.stages[2].source, EstimateSource::kUnknown);
+  EXPECT_EQ(plan.unknown_stages, std::vector<std::string>{"c"});
+  EXPECT_GT(plan.stages[2].cost, Money()) << "a floor, the billing minimum, not $0";
+  std::string json = PlanToJson(plan);
+  EXPECT_NE(json.find("\"estimate_source\": \"history\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"history_runs\": 5"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"unknown_stages\": [\n    \"c\"\n  ]"), std::string::npos) << json;
+  std::string table = PlanToTable(plan);
+  EXPECT_NE(table.find("history (5 runs)"), std::string::npos) << table;
+  EXPECT_NE(table.find("total: at least $"), std::string::npos) << table;
+  // Without the history the same stage is unknown.
+  EXPECT_EQ(MakePlan(*r.pipeline).stages[1].source, EstimateSource::kUnknown);
+}
+
 }  // namespace trnflow::pipelines

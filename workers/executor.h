@@ -23,6 +23,16 @@ enum class StopReason : int {
   kBudgetExceeded = 4
 };
 
+// How far a running attempt is, as the worker's heartbeat carries it to the catalog: live
+// progress for `show` and `watch`, and a checkpoint that outlives the worker (the next attempt
+// resumes from it even when this one is lost).
+struct LiveProgress {
+  double progress = 0;      // how far the stage is, 0..1
+  double checkpointed = 0;  // how far its last checkpoint got, 0..1
+  double sim_seconds = 0;   // simulated seconds this attempt has run
+  double eta_s = -1;        // simulated seconds it expects still to run; < 0: unknown
+};
+
 struct ExecContext {
   StageSpec spec;
   int64_t run_id = 0;
@@ -51,6 +61,8 @@ struct ExecContext {
   std::chrono::steady_clock::time_point claimed_at = std::chrono::steady_clock::now();
   // neuron-monitor-like metrics as JSON, latest wins; may be called from the executor's thread.
   std::function<void(const std::string&)> report_metrics;
+  // The attempt's latest LiveProgress; may be called often, from the executor's thread.
+  std::function<void(const LiveProgress&)> report_progress;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
 };
 

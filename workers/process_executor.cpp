@@ -71,6 +71,7 @@ struct Report {
   double progress = 0;
   double checkpointed = 0;
   std::string checkpoint_path;
+  std::string last_line;  // the last line of output that was not a protocol line
 };
 
 // Protocol lines: how far the job is and what it has saved.
@@ -86,7 +87,31 @@ void ParseProtocolLine(const std::string& line, Report& report) {
     std::scoped_lock lock(report.mu);
     report.checkpointed = report.progress;
     report.checkpoint_path = line.substr(13);
+  } else if (line.find_first_not_of(" \t\r") != std::string::npos) {
+    std::scoped_lock lock(report.mu);
+    report.last_line = line;
   }
+}
+
+// The job's last line of output for a failure's message (which members of the project read in
+// `show` and `watch`): secrets masked as in the log, shortened, quoted.
+std::string LastLine(Report& report, const ExecContext& ctx) {
+  std::string line;
+  {
+    std::scoped_lock lock(report.mu);
+    line = report.last_line;
+  }
+  for (const auto& [name, value] : ctx.secrets) {
+    if (value.empty()) continue;
+    for (size_t at = line.find(value); at != std::string::npos; at = line.find(value, at + 3))
+      line.replace(at, value.size(), "***");
+  }
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  if (line.empty()) return "";
+  if (line.size() > 200) line = line.substr(0, 200) + "...";
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return "; last output: \"" + line + "\"";
 }
 
 // Reads the pipe in fixed chunks until every writer has closed it; OutputCapture bounds the
@@ -248,6 +273,19 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
       SignalJob(child.id(), SIGKILL);
       break;
     }
+    if (ctx.report_progress) {
+      LiveProgress p;
+      {
+        std::scoped_lock lock(report.mu);
+        p.progress = std::max(report.progress, ctx.progress);
+        p.checkpointed = std::max(report.checkpointed, ctx.progress);
+      }
+      p.sim_seconds = sim_now;
+      // At the pace so far; unknown until the job has said how far it is.
+      if (p.progress > ctx.progress && sim_now > 0)
+        p.eta_s = (1 - p.progress) * sim_now / (p.progress - ctx.progress);
+      ctx.report_progress(p);
+    }
     // Wake at the cap itself, however fast the run's clock goes.
     std::this_thread::sleep_for(std::chrono::duration<double>(
         std::clamp((ctx.spend_cap_s - sim_now) / ctx.speed, 0.0, 0.01)));
@@ -314,7 +352,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   if (WIFSIGNALED(status)) {
     r.outcome = Outcome::kInfraError;
-    r.message = "killed by signal " + std::to_string(WTERMSIG(status));
+    r.message = "killed by signal " + std::to_string(WTERMSIG(status)) + LastLine(report, ctx);
     partial();
     return r;
   }
@@ -325,7 +363,9 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     return r;
   }
   r.outcome = code == kExitTempFail ? Outcome::kInfraError : Outcome::kFailed;
-  r.message = "exited with code " + std::to_string(code) + "; output in " + ctx.log_path;
+  r.message = "exited with code " + std::to_string(code) + LastLine(report, ctx) +
+              "; output in `trnflow logs " + std::to_string(ctx.run_id) + " " + ctx.spec.name +
+              "`";
   partial();
   log->debug("stage={} exit={}", ctx.spec.name, code);
   return r;

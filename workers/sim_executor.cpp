@@ -94,6 +94,25 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     ctx.report_metrics(j.dump());
   };
 
+  // What periodic checkpoints have saved by simulated time `at`, in seconds of work.
+  auto periodic = [&](double at) {
+    double done = done_before + std::max(0.0, at - setup);
+    double saved = done_before;
+    if (ctx.spec.checkpoint.every_s > 0)
+      saved = std::max(
+          saved, std::floor(done / ctx.spec.checkpoint.every_s) * ctx.spec.checkpoint.every_s);
+    return std::clamp(saved, done_before, done);
+  };
+  auto report_progress = [&](double at) {
+    if (!ctx.report_progress) return;
+    LiveProgress p;
+    p.progress = std::min(1.0, (done_before + std::max(0.0, at - setup)) / work);
+    p.checkpointed = std::min(1.0, periodic(at) / work);
+    p.sim_seconds = at;
+    p.eta_s = std::max(0.0, end_of_stage - at);  // unless the market or a failure intervenes
+    ctx.report_progress(p);
+  };
+
   // Simulated time passes at `speed` simulated seconds per wall second.
   auto start = ctx.claimed_at;
   double elapsed = 0, next_metrics = 0;
@@ -103,6 +122,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
       report(elapsed);
       next_metrics = elapsed + kMetricsEverySimSeconds;
     }
+    report_progress(elapsed);
     double wall_left = (end - elapsed) / ctx.speed;
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wall_left, 0.02)));
     elapsed =
@@ -115,10 +135,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   auto checkpointed = [&](double at) {
     double worked = std::max(0.0, at - setup);
     double done = done_before + worked;
-    double saved = done_before;
-    if (ctx.spec.checkpoint.every_s > 0)
-      saved = std::max(
-          saved, std::floor(done / ctx.spec.checkpoint.every_s) * ctx.spec.checkpoint.every_s);
+    double saved = periodic(at);
     if (ctx.spec.checkpoint.on_notice && w.kind == StageKind::kTrain && worked > 0) {
       double loss = sim::OnNoticeLossSeconds(w, *type, ctx.instance_count);
       if (loss >= 0) saved = std::max(saved, done - loss);

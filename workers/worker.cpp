@@ -121,9 +121,11 @@ struct Running {
   schema::ClaimedStage claim;
   std::chrono::steady_clock::time_point claimed_at;  // the instance is held from here
   std::atomic<int> stop{0};
-  std::mutex metrics_mu;  // guards metrics, metrics_dirty
+  std::mutex metrics_mu;  // guards metrics, metrics_dirty, live, live_known
   std::string metrics;
   bool metrics_dirty = false;
+  LiveProgress live;  // the executor's latest word, sent with each heartbeat
+  bool live_known = false;
 };
 
 struct Pool {
@@ -348,16 +350,17 @@ struct Worker::Impl {
       }
       std::vector<schema::LeaseKey> held;
       std::vector<schema::EventRow> metrics;
+      std::vector<schema::LiveReport> reports;
       for (auto& [sid, r] : before) {
         std::scoped_lock lock(r->metrics_mu);
+        reports.push_back({sid, r->live_known, r->live.progress, r->live.checkpointed,
+                           r->live.sim_seconds, r->live.eta_s});
         if (!r->metrics_dirty) continue;
         metrics.push_back({r->claim.run_id, sid, "metrics", "neuron-monitor", r->metrics});
         r->metrics_dirty = false;
       }
       bool ok = WithCatalog(cat, "heartbeat", [&](schema::Catalog& c) {
-        std::vector<int64_t> ids;
-        for (const auto& b : before) ids.push_back(b.first);
-        held = c.HeartbeatLeases(id, opt.lease_s, ids);
+        held = c.HeartbeatLeases(id, opt.lease_s, reports);
         c.InsertEvents(metrics);
       });
       if (ok) {
@@ -468,6 +471,11 @@ struct Worker::Impl {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
       run->metrics_dirty = true;
+    };
+    ctx.report_progress = [run](const LiveProgress& p) {
+      std::scoped_lock lock(run->metrics_mu);
+      run->live = p;
+      run->live_known = true;
     };
     ExecResult er;
     try {
@@ -828,7 +836,8 @@ void Worker::Start() {
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
   std::unique_ptr<schema::Catalog> cat;
   w.WithCatalog(cat, "register", [&](schema::Catalog& c) {
-    c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump());
+    c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump(),
+                     w.opt.only_run, std::filesystem::absolute(w.opt.home).string());
   });
   w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
   w.claiming = true;

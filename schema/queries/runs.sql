@@ -13,7 +13,9 @@ SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $1
 SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
-       coalesce((SELECT sum(cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
+       coalesce((SELECT sum(coalesce(a.cost_usd, trnflow.running_cost_usd(
+                          a.started_at, r.speed, a.instance_count, a.price_usd_hour, a.cap_usd)))
+                 FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
        coalesce(r.budget_usd::text, ''),
        extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
        coalesce(r.cancel_reason, '')
@@ -29,13 +31,25 @@ SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.marke
        s.progress,
        coalesce((SELECT sum(a.cost_usd) FROM trnflow.attempts a WHERE a.stage_id = s.id), 0)::text,
        coalesce((SELECT sum(a.billed_seconds) FROM trnflow.attempts a WHERE a.stage_id = s.id), 0),
-       coalesce((SELECT extract(epoch FROM (now() - a.started_at)) * r.speed * a.instance_count
-                        * a.price_usd_hour / 3600
+       coalesce((SELECT trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
+                                                 a.price_usd_hour, a.cap_usd)
                  FROM trnflow.attempts a
                  WHERE a.stage_id = s.id AND a.outcome IS NULL), 0)::float8,
        coalesce((SELECT string_agg(n.name, ',' ORDER BY n.id) FROM trnflow.stage_deps d
-                 JOIN trnflow.stages n ON n.id = d.needs_id WHERE d.stage_id = s.id), '')
+                 JOIN trnflow.stages n ON n.id = d.needs_id WHERE d.stage_id = s.id), ''),
+       -- What the running attempt last reported (-1: nothing, or not running).
+       CASE WHEN s.state = 'running' THEN coalesce(s.live_progress, -1) ELSE -1 END,
+       CASE WHEN s.state = 'running' THEN coalesce(s.live_sim_seconds, -1) ELSE -1 END,
+       CASE WHEN s.state = 'running' THEN coalesce(s.live_eta_s, -1) ELSE -1 END,
+       CASE WHEN s.state = 'running'
+            THEN coalesce(extract(epoch FROM (now() - s.heartbeat_at))::float8, -1)
+            ELSE -1 END,
+       -- How the last attempt that ended did, and why.
+       coalesce(l.outcome, ''), coalesce(l.message, '')
 FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
+LEFT JOIN LATERAL (SELECT a.outcome, a.message FROM trnflow.attempts a
+                   WHERE a.stage_id = s.id AND a.outcome IS NOT NULL
+                   ORDER BY a.attempt DESC LIMIT 1) l ON true
 WHERE s.run_id = $1
 ORDER BY s.id;
 
@@ -47,14 +61,29 @@ SELECT a.stage_id, a.attempt, coalesce(a.outcome, ''), a.worker_name, a.instance
        coalesce(a.sim_seconds, 0), coalesce(a.billed_seconds, 0),
        coalesce(a.cost_usd, 0)::text, coalesce(a.wasted_usd, 0)::text,
        coalesce(a.saved_usd, 0)::text, a.progress_from, coalesce(a.progress_to, 0),
-       coalesce(a.message, '')
+       coalesce(a.message, ''),
+       coalesce((SELECT w.home FROM trnflow.workers w WHERE w.id = a.worker_id), '')
 FROM trnflow.attempts a
 WHERE a.run_id = $1
 ORDER BY a.stage_id, a.attempt;
 
 -- name: InsertEvent
-INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
-VALUES (NULLIF($1, 0), NULLIF($2, 0), $3, $4, $5::jsonb);
+INSERT INTO trnflow.events (run_id, stage_id, kind, message, data, project)
+VALUES (NULLIF($1, 0), NULLIF($2, 0), $3, $4, $5::jsonb, NULLIF($6, ''));
+
+-- name: EventLog
+-- `trnflow events`: $1 project ('' = any), $2 run (0 = any), $3 since (timestamptz), $4 kind
+-- ('' = any), $5 at most; oldest first among the newest $5.
+SELECT * FROM (
+  SELECT to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), kind,
+         coalesce(project, ''), coalesce(run_id, 0), coalesce(stage, ''), coalesce(attempt, 0),
+         message, data::text, at
+  FROM trnflow.event_log
+  WHERE ($1 = '' OR project = $1) AND ($2::bigint = 0 OR run_id = $2::bigint)
+    AND at >= $3::timestamptz AND ($4 = '' OR kind = $4)
+  ORDER BY at DESC
+  LIMIT $5) newest
+ORDER BY at;
 
 -- name: InsertEvents
 INSERT INTO trnflow.events (run_id, stage_id, kind, message, data)
@@ -85,8 +114,8 @@ SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
        (b.notified_period IS NOT DISTINCT FROM ps.start) AS same_period,
        (coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
                   WHERE project = b.project AND day >= ps.start::date), 0)
-        + coalesce((SELECT sum(extract(epoch FROM (now() - a.started_at)) * r.speed
-                               * a.instance_count * a.price_usd_hour / 3600)
+        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
+                                                        a.price_usd_hour, a.cap_usd))
                     FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
                     WHERE a.outcome IS NULL AND r.project = b.project), 0))::numeric(18,6)::text
 FROM trnflow.budgets b,
@@ -109,8 +138,8 @@ WHERE project = $1;
 -- highest threshold already announced.
 SELECT r.id, r.project, r.budget_usd::text, coalesce(n.percent, 0),
        (coalesce((SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = r.id), 0)
-        + coalesce((SELECT sum(extract(epoch FROM (now() - a.started_at)) * r.speed
-                               * a.instance_count * a.price_usd_hour / 3600)
+        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
+                                                        a.price_usd_hour, a.cap_usd))
                     FROM trnflow.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL), 0)
        )::numeric(18,6)::text
 FROM trnflow.runs r
@@ -183,3 +212,11 @@ SELECT trnflow.has_role(session_user, trnflow.daemon_role())
        OR session_user = (SELECT tableowner FROM pg_tables
                           WHERE schemaname = 'trnflow' AND tablename = 'runs'),
        session_user;
+
+-- name: RunningSpend
+-- Attempts still open and what they have cost so far ($1 project, $2 pipeline; '' = any).
+SELECT count(*), coalesce(sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
+                                                       a.price_usd_hour, a.cap_usd)), 0)::text
+FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+JOIN trnflow.pipelines p ON p.id = r.pipeline_id
+WHERE a.outcome IS NULL AND ($1 = '' OR r.project = $1) AND ($2 = '' OR p.name = $2);

@@ -31,3 +31,31 @@ UPDATE trnflow.schedule_fires SET run_id = $3 WHERE schedule = $1 AND slot = to_
 
 -- name: AdvanceSchedule
 UPDATE trnflow.schedules SET last_slot = greatest(last_slot, to_timestamp($2)) WHERE name = $1;
+
+-- name: GetSchedule
+-- One schedule, with its latest fire: (…ListSchedules' columns…, created_at, updated_at,
+-- latest slot, when it fired, the state of its run).
+SELECT s.name, s.file, s.source, s.params::text, s.project, s.cron, s.tz, s.catchup, s.speed,
+       s.workdir, s.paused, extract(epoch FROM s.last_slot)::float8,
+       coalesce(f.run_id, 0),
+       (SELECT count(*) FROM trnflow.schedule_fires x WHERE x.schedule = s.name),
+       to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+       coalesce(to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce(to_char(f.fired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+       coalesce(r.state, '')
+FROM trnflow.schedules s
+LEFT JOIN LATERAL (SELECT slot, fired_at, run_id FROM trnflow.schedule_fires
+                   WHERE schedule = s.name ORDER BY slot DESC LIMIT 1) f ON true
+LEFT JOIN trnflow.runs r ON r.id = f.run_id
+WHERE s.name = $1;
+
+-- name: UpdateSchedule
+-- A new snapshot (and params, project, cron, tz). A new cron or time zone counts from now:
+-- the slots it would have had before are not caught up.
+UPDATE trnflow.schedules
+SET file = $2, source = $3, params = $4::jsonb, project = $5, cron = $6, tz = $7, workdir = $8,
+    last_slot = CASE WHEN cron <> $6 OR tz <> $7 THEN greatest(last_slot, now()) ELSE last_slot END,
+    updated_at = now()
+WHERE name = $1
+RETURNING name;

@@ -39,7 +39,8 @@ chosen AS (
 claimed AS (
   UPDATE trnflow.stages s
   SET state = 'running', attempts = s.attempts + 1, lease_owner = $3::uuid,
-      lease_expires_at = now() + make_interval(secs => $5)
+      lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now(),
+      live_progress = NULL, live_sim_seconds = NULL, live_eta_s = NULL
   FROM chosen WHERE s.id = chosen.id
   RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
             s.progress, s.errors, s.preemptions, s.spec, s.project),
@@ -81,13 +82,26 @@ FROM trnflow.reserve_budgets($1::bigint[], $2::int[], $3::numeric[]);
 -- deadlock with its lock order. A skipped row is still reported held (the snapshot shows it
 -- ours) and is renewed next time, long before its lease runs out. Also says which stages
 -- belong to a cancelled run (and why).
-WITH mine AS MATERIALIZED (  -- locked once each (an IN subquery was re-run per row)
+-- Each stage comes with what its attempt last reported ($4..$7: progress, checkpointed, simulated
+-- seconds run and still to run; -1 when it has said nothing): the live columns take it, and a
+-- checkpoint becomes the stage's resume point at once, so it outlives the worker.
+WITH report AS (
+  SELECT * FROM unnest($3::bigint[], $4::float8[], $5::float8[], $6::float8[], $7::float8[])
+    AS t(id, progress, checkpointed, sim_seconds, eta_s)),
+mine AS MATERIALIZED (  -- locked once each (an IN subquery was re-run per row)
   SELECT id FROM trnflow.stages  -- by id, not the leases index (see CompleteAttempts)
   WHERE id = ANY($3::bigint[]) AND state || '' = 'running' AND lease_owner = $1::uuid
   FOR UPDATE SKIP LOCKED),
 renewed AS (
-  UPDATE trnflow.stages s SET lease_expires_at = now() + make_interval(secs => $2)
-  FROM mine WHERE s.id = mine.id  -- locked above, so still running under this lease
+  UPDATE trnflow.stages s
+  SET lease_expires_at = now() + make_interval(secs => $2), heartbeat_at = now(),
+      live_progress = CASE WHEN r.progress >= 0 THEN r.progress ELSE s.live_progress END,
+      live_sim_seconds = CASE WHEN r.progress >= 0 THEN r.sim_seconds ELSE s.live_sim_seconds END,
+      live_eta_s = CASE WHEN r.progress >= 0 AND r.eta_s >= 0 THEN r.eta_s
+                        WHEN r.progress >= 0 THEN NULL ELSE s.live_eta_s END,
+      progress = greatest(s.progress, least(r.checkpointed, 1))
+  FROM mine JOIN report r ON r.id = mine.id
+  WHERE s.id = mine.id  -- locked above, so still running under this lease
   RETURNING s.id)
 SELECT s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '')
 FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
@@ -206,15 +220,16 @@ notified AS (SELECT pg_notify('trnflow_ready', pool) FROM (SELECT DISTINCT pool 
 SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 
 -- name: ExpiredLeases
--- Running stages whose worker stopped renewing; locked so one rescuer handles each. The
--- simulated time they are billed for stops at the attempt's spend cap.
+-- Running stages whose worker stopped renewing; locked so one rescuer handles each. They are
+-- billed up to their last heartbeat (what anyone knows ran), never past their spend cap.
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
        (a.price_usd_hour * 1000000)::bigint,
-       least(extract(epoch FROM (now() - a.started_at)) * r.speed,  -- never past its spend cap
+       least(greatest(extract(epoch FROM (coalesce(s.heartbeat_at, a.started_at)
+                                          - a.started_at)), 0) * r.speed,
              coalesce((a.cap_usd * 3600 / nullif(a.price_usd_hour * a.instance_count, 0))::float8,
-                      'infinity')),
-       s.market, r.speed
+                      'infinity')),  -- never past its spend cap
+       s.market, r.speed, a.progress_from, coalesce(s.live_progress, -1)
 FROM trnflow.stages s
 JOIN trnflow.attempts a ON a.stage_id = s.id AND a.attempt = s.attempts
 JOIN trnflow.runs r ON r.id = s.run_id

@@ -1,0 +1,193 @@
+// "Why isn't my stage running?": `trnflow explain RUN STAGE`, and the warning `run`, `watch`
+// and `show` print when no live worker can run a ready stage.
+#include <cmath>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "pipelines/diagnostics.h"
+#include "sim/catalog.h"
+
+namespace trnflow::cli {
+namespace {
+
+// A worker that has not heartbeated for this long is taken for dead (workers renew every few
+// seconds; leases last 15 s by default).
+constexpr double kLiveWorkerAge = 30;
+
+std::string PoolOf(const std::string& instance_type) {
+  const auto* t = sim::Catalog::Builtin().FindInstance(instance_type);
+  return t ? t->pool : "";
+}
+
+// Live workers that may take stages of `run_id` (not those running another run only).
+std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id) {
+  std::vector<schema::LiveWorker> out;
+  for (auto& w : catalog.LiveWorkers(kLiveWorkerAge))
+    if (w.only_run == 0 || w.only_run == run_id) out.push_back(std::move(w));
+  return out;
+}
+
+std::string WorkerList(const std::vector<schema::LiveWorker>& workers) {
+  if (workers.empty()) return "no worker is running";
+  std::string out = "live workers: ";
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto& w = workers[i];
+    out += (i ? "; " : "") + w.host + " (";
+    bool first = true;
+    for (const auto& [pool, cap] : w.pools) {
+      out += (first ? "" : ", ") + pool + "=" + std::to_string(cap);
+      first = false;
+    }
+    out += ")";
+  }
+  return out;
+}
+
+// The sentence for a stage of `count` instances in `pool` that no live worker can take, or "".
+std::string NoWorkerFor(const std::vector<schema::LiveWorker>& workers, const std::string& pool,
+                        int count) {
+  int biggest = 0;
+  for (const auto& w : workers)
+    if (auto it = w.pools.find(pool); it != w.pools.end()) biggest = std::max(biggest, it->second);
+  if (biggest >= count) return "";
+  std::string what = "no live worker has a " + pool + " pool" +
+                     (count > 1 ? " with >= " + std::to_string(count) + " instances" : "");
+  if (biggest > 0) what += " (the largest has " + std::to_string(biggest) + ")";
+  return what + "; " + WorkerList(workers) + ". Start one: `trnflow worker --pool " + pool + "=" +
+         std::to_string(std::max(count, 1)) + "`";
+}
+
+struct Reason {
+  std::string kind;  // run, needs, worker, capacity, backoff, budget, running, done
+  std::string message;
+};
+
+std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const schema::StageWait& w) {
+  std::vector<Reason> out;
+  if (w.run_state != "running" && w.state != "succeeded" && w.state != "cached") {
+    out.push_back({"run", "the run is " + w.run_state + ": none of its stages will start. " +
+                              (w.run_state == "succeeded"
+                                   ? std::string("Nothing to do.")
+                                   : "`trnflow resume " + std::to_string(run_id) +
+                                         "` runs its failed, cancelled and skipped stages again")});
+  }
+  std::string last = w.last_outcome.empty()
+                         ? ""
+                         : " Last attempt: " + w.last_outcome +
+                               (w.last_message.empty() ? "" : " (" + w.last_message + ")");
+  if (w.state == "blocked" || w.state == "skipped") {
+    std::string needs;
+    for (const auto& [name, state] : w.waiting_for)
+      needs += (needs.empty() ? "" : ", ") + name + " (" + state + ")";
+    out.push_back({"needs", w.state == "blocked"
+                                ? "it waits for the stages it needs: " + needs
+                                : "it was skipped: a stage it needs did not succeed: " + needs});
+  } else if (w.state == "retry_wait") {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "it is backing off before attempt %d: ready again in %.1fs.",
+                  w.attempts + 1, std::max(0.0, w.ready_in_s));
+    out.push_back({"backoff", buf + last});
+    if (w.last_message.find("budget") != std::string::npos)
+      out.push_back({"budget", "its budget holds it back: " + w.last_message});
+  } else if (w.state == "ready") {
+    auto workers = WorkersFor(catalog, run_id);
+    std::string none = NoWorkerFor(workers, w.pool, w.instance_count);
+    if (!none.empty()) {
+      out.push_back({"worker", none});
+    } else {
+      int capacity = 0, used = 0;
+      for (const auto& wk : workers)
+        if (auto it = wk.pools.find(w.pool); it != wk.pools.end()) {
+          capacity += it->second;
+          auto u = wk.in_use.find(w.pool);
+          used += u == wk.in_use.end() ? 0 : u->second;
+        }
+      out.push_back({"capacity", "it waits for a free slot: the live " + w.pool + " pools hold " +
+                                     std::to_string(used) + " of " + std::to_string(capacity) +
+                                     " instances; " + std::to_string(w.queued_ahead) +
+                                     " ready stage(s) of pool " + w.pool +
+                                     " go before it (it needs " +
+                                     std::to_string(w.instance_count) + ")"});
+    }
+    for (const auto& b : catalog.ProjectBudgets(w.project))
+      if (b.spent >= b.amount)
+        out.push_back({"budget", "project " + w.project + "'s " + b.period + " budget of " +
+                                     b.amount.ToDollars() + " is spent (" + b.spent.ToDollars() +
+                                     "): its attempts end as budget_exceeded"});
+    if (w.last_message.find("budget") != std::string::npos)
+      out.push_back({"budget", "its last attempt was held back by the budget: " + w.last_message});
+  } else if (w.state == "running") {
+    out.push_back({"running", "it is running: attempt " + std::to_string(w.attempts) +
+                                  (w.running_on.empty() ? "" : " on " + w.running_on) +
+                                  "; `trnflow show " + std::to_string(run_id) +
+                                  "` shows its progress"});
+  } else {
+    out.push_back({"done", "it has ended: " + w.state +
+                               (w.last_message.empty() ? "" : " (" + w.last_message + ")")});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_id,
+                                          const std::vector<schema::StageRow>& stages) {
+  std::map<std::pair<std::string, int>, std::vector<std::string>> ready;  // (pool, count)
+  for (const auto& s : stages)
+    if (s.state == "ready") ready[{PoolOf(s.instance_type), s.instance_count}].push_back(s.name);
+  if (ready.empty()) return {};
+  auto workers = WorkersFor(catalog, run_id);
+  std::vector<std::string> out;
+  for (const auto& [key, names] : ready) {
+    std::string none = NoWorkerFor(workers, key.first, key.second);
+    if (none.empty()) continue;
+    std::string list = names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+    out.push_back(list + " cannot start: " + none);
+  }
+  return out;
+}
+
+std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run_id,
+                                           const std::string& stage) {
+  auto w = catalog.ExplainStage(run_id, stage);
+  if (!w) return {};
+  std::vector<std::string> out;
+  for (const auto& r : Explain(catalog, run_id, *w)) out.push_back(r.message);
+  return out;
+}
+
+int CmdExplain(const std::string& run_text, const std::string& stage, const std::string& format) {
+  int64_t run_id = ParseRunId(run_text);
+  auto catalog = OpenCatalog();
+  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  auto w = catalog->ExplainStage(run_id, stage);
+  if (!w) {
+    std::vector<std::string> names;
+    for (const auto& s : catalog->GetStages(run_id)) names.push_back(s.name);
+    std::string hint = pipelines::DidYouMean(stage, names);
+    throw UserError("run " + run_text + " has no stage '" + stage + "'" +
+                    (hint.empty() ? "; `trnflow show " + run_text + "` lists them" : "; " + hint));
+  }
+  auto reasons = Explain(*catalog, run_id, *w);
+  if (format == "json") {
+    nlohmann::json js = nlohmann::json::array();
+    for (const auto& r : reasons) js.push_back({{"kind", r.kind}, {"message", r.message}});
+    nlohmann::json out = {{"run_id", std::to_string(run_id)},
+                          {"stage", stage},
+                          {"state", w->state},
+                          {"pool", w->pool},
+                          {"instance_count", w->instance_count},
+                          {"attempts", w->attempts},
+                          {"reasons", js}};
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "stage " << stage << " of run " << run_id << " (project " << w->project << ", "
+            << w->pool << " x" << w->instance_count << "): " << w->state << "\n";
+  for (const auto& r : reasons) std::cout << "  - " << r.message << "\n";
+  return kExitOk;
+}
+
+}  // namespace trnflow::cli

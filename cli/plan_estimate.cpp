@@ -1,0 +1,28 @@
+#include "cli/plan_estimate.h"
+
+#include <map>
+#include <vector>
+
+namespace trnflow::cli {
+
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog) {
+  if (!catalog) return pipelines::MakePlan(p);
+  std::vector<std::string> unestimated;
+  for (const auto& s : p.stages)
+    if (s.spec.kind == StageKind::kRun && !s.estimate_s) unestimated.push_back(s.spec.name);
+  std::map<std::string, schema::StageHistoryRow> past =
+      catalog->StageHistory(p.project, p.name, unestimated);
+  pipelines::PlanInputs in;
+  in.is_cached = [catalog](const std::string& key) {
+    auto a = catalog->GetArtifact(key);
+    return a && a->state == "ready";
+  };
+  in.history = [&past](const std::string& stage) -> std::optional<pipelines::StageHistory> {
+    auto it = past.find(stage);
+    if (it == past.end()) return std::nullopt;
+    return pipelines::StageHistory{it->second.median_seconds, it->second.runs};
+  };
+  return pipelines::MakePlan(p, in);
+}
+
+}  // namespace trnflow::cli
