@@ -1,11 +1,14 @@
 #include "cli/cli_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <set>
 
+#include "common/duration.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "pipelines/diagnostics.h"
@@ -110,6 +113,63 @@ std::string Table(const std::vector<std::string>& header,
   std::string out = line(head);
   for (const auto& r : rows) out += line(r);
   return out;
+}
+
+bool Confirm(const std::string& question, bool yes) {
+  if (yes || !isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return true;
+  std::cout << question << " [y/N] " << std::flush;
+  std::string answer;
+  if (!std::getline(std::cin, answer)) {
+    std::cout << "\n";
+    return false;
+  }
+  for (char& c : answer) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  answer.erase(0, answer.find_first_not_of(" \t"));
+  answer.erase(answer.find_last_not_of(" \t\r") + 1);
+  return answer == "y" || answer == "yes";
+}
+
+int Declined() {
+  std::cout << "cancelled: nothing was removed\n";
+  return kExitRunFailed;
+}
+
+double ParseDurationFlag(const std::string& flag, const std::string& text) {
+  std::string t = text;
+  double scale = 1;
+  if (!t.empty() && t.back() == 'w' && t.find_first_of("dhms") == std::string::npos)
+    t.back() = 'd', scale = 7;  // weeks: whole weeks only, alone
+  bool has_unit = t.find_first_of("dhms") != std::string::npos;
+  auto d = has_unit ? ParseDuration(t) : std::nullopt;
+  if (!d)
+    throw UserError(
+        flag + " " + text + ": expected a duration with its unit, like 30s, 10m, " +
+        "12h, 7d, 2w or 1h30m" +
+        (!has_unit && !text.empty() ? std::string(" (a bare number has no unit)") : std::string()));
+  return *d * scale;
+}
+
+void RequireProject(schema::Catalog& catalog, const std::string& project) {
+  if (project.empty() || catalog.ProjectExists(project)) return;
+  std::vector<std::string> names;
+  for (const auto& p : catalog.ListProjects()) names.push_back(p.name);
+  throw UserError("there is no project '" + project + "'" +
+                  NameHint(project, names, "; `trnflow project ls` lists them"));
+}
+
+std::string NameHint(const std::string& name, const std::vector<std::string>& names,
+                     const std::string& otherwise) {
+  std::string hint = pipelines::DidYouMean(name, names);
+  return hint.empty() ? otherwise : "; " + hint;
+}
+
+std::string Number(double v) {
+  char buf[64];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 std::string Hours(double seconds) {

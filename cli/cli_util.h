@@ -2,8 +2,10 @@
 // Helpers shared by the subcommands: option structs, loading a pipeline with diagnostics,
 // opening the catalog, tables, money and time formatting.
 #include <atomic>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +85,59 @@ std::string Hours(double seconds);  // "11.80"
 std::string SpentCell(const schema::StageRow& s);
 // A running stage's live progress, "42%, 3.1 sim h left (~2s)"; "" when it has not reported.
 std::string ProgressCell(const schema::StageRow& s, double speed);
+
+// The switches of every command that deletes (docs/cli.md, "Deleting safely").
+struct DeleteArgs {
+  bool dry_run = false;  // say what would be removed; remove nothing
+  bool yes = false;      // do not ask, even on a terminal
+};
+
+// Asks `question` with "[y/N]" when a person is at a terminal (stdin and stdout both are
+// one) and --yes was not given; true for y or yes. Without a terminal (scripts, CI) it does
+// not ask: the command line is the decision.
+bool Confirm(const std::string& question, bool yes);
+// What a deleting command prints and returns when the person answered no: exit code 1, the
+// command was cancelled (nothing was removed).
+int Declined();
+
+// A duration flag: 30s, 10m, 12h, 7d, 2w, 1h30m. A bare number is refused (30 what?), as is
+// anything else that is not a positive duration; throws UserError naming the flag.
+double ParseDurationFlag(const std::string& flag, const std::string& text);
+
+// JSON output follows one set of rules (docs/cli.md): ids are strings, absent values are null
+// (never ""), numbers are numbers.
+inline nlohmann::json OrNull(const std::string& s) {
+  return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+}
+inline nlohmann::json IdOrNull(int64_t id) {
+  return id > 0 ? nlohmann::json(std::to_string(id)) : nlohmann::json(nullptr);
+}
+
+// Throws UserError (exit 2) when `project` is given and does not exist, with the closest name.
+void RequireProject(schema::Catalog& catalog, const std::string& project);
+
+// "; did you mean 'x'?" when `name` is close to one of `names`, else `otherwise`.
+std::string NameHint(const std::string& name, const std::vector<std::string>& names,
+                     const std::string& otherwise);
+
+// While it lives, what the command prints on stdout goes to stderr: `run` and `watch` with
+// --format json keep stdout for the JSON of the finished run.
+class StdoutToStderr {
+ public:
+  explicit StdoutToStderr(bool active)
+      : saved_(active ? std::cout.rdbuf(std::cerr.rdbuf()) : nullptr) {}
+  ~StdoutToStderr() {
+    if (saved_) std::cout.rdbuf(saved_);
+  }
+  StdoutToStderr(const StdoutToStderr&) = delete;
+  StdoutToStderr& operator=(const StdoutToStderr&) = delete;
+
+ private:
+  std::streambuf* saved_;
+};
+
+// A number for people: 7200, 1000000, 0.5, 1e-3 (never 1e+06 or 7200.000000).
+std::string Number(double v);
 
 // Set by SIGINT/SIGTERM; long-running commands poll it.
 extern std::atomic<bool> g_interrupted;

@@ -75,15 +75,32 @@ schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
 
 }  // namespace
 
-int CmdCacheList() {
+int CmdCacheList(const std::string& format) {
   auto catalog = OpenCatalog();
   std::vector<std::vector<std::string>> rows;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   int64_t total = 0;
   for (const auto& a : catalog->ListArtifacts()) {
     Described d = Describe(a.manifest_json);
     rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, a.state, Bytes(a.bytes),
                     std::to_string(a.hits), a.last_used_at.substr(0, 19)});
+    out.push_back({{"key", a.key},
+                   {"digest", OrNull(a.digest)},
+                   {"state", a.state},
+                   {"model", d.model == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.model)},
+                   {"shapes", d.shapes == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.shapes)},
+                   {"target", d.target == "-" || d.target == "?" ? nlohmann::json(nullptr)
+                                                                 : nlohmann::json(d.target)},
+                   {"project", OrNull(a.project)},
+                   {"bytes", a.bytes},
+                   {"hits", a.hits},
+                   {"created_at", OrNull(a.created_at)},
+                   {"last_used_at", OrNull(a.last_used_at)}});
     total += a.bytes;
+  }
+  if (format == "json") {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
   }
   if (rows.empty()) {
     std::cout << "the cache is empty\n";
@@ -96,28 +113,59 @@ int CmdCacheList() {
   return kExitOk;
 }
 
-int CmdCacheShow(const std::string& key) {
+int CmdCacheShow(const std::string& key, const std::string& format) {
   auto catalog = OpenCatalog();
   auto a = FindEntry(*catalog, key);
-  nlohmann::ordered_json j = {
+  auto inputs = nlohmann::json::parse(a.manifest_json, nullptr, false);
+  if (inputs.is_discarded()) inputs = nullptr;
+  if (format == "json") {
+    nlohmann::ordered_json j = {{"key", a.key},
+                                {"state", a.state},
+                                {"digest", OrNull(a.digest)},
+                                {"bytes", a.bytes},
+                                {"path", OrNull(a.path)},
+                                {"project", OrNull(a.project)},
+                                {"hits", a.hits},
+                                {"created_at", OrNull(a.created_at)},
+                                {"last_used_at", OrNull(a.last_used_at)},
+                                {"failure", OrNull(a.failure)},
+                                {"inputs", inputs}};
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows = {
       {"key", a.key},
       {"state", a.state},
-      {"digest", a.digest},
-      {"bytes", a.bytes},
-      {"path", a.path},
-      {"project", a.project.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.project)},
-      {"hits", a.hits},
-      {"created_at", a.created_at},
-      {"last_used_at", a.last_used_at},
-      {"inputs", nlohmann::json::parse(a.manifest_json, nullptr, false)}};
-  if (!a.failure.empty()) j["failure"] = a.failure;
-  std::cout << j.dump(2) << "\n";
+      {"digest", a.digest.empty() ? "-" : a.digest},
+      {"bytes", std::to_string(a.bytes) + " (" + Bytes(a.bytes) + ")"},
+      {"path", a.path.empty() ? "-" : a.path},
+      {"project", a.project.empty() ? "- (a compiled graph: every project's)" : a.project},
+      {"hits", std::to_string(a.hits)},
+      {"created", a.created_at},
+      {"last used", a.last_used_at.empty() ? "-" : a.last_used_at}};
+  if (!a.failure.empty()) rows.push_back({"failure", a.failure});
+  std::cout << Table({"FIELD", "VALUE"}, rows) << "\ninputs of its key:\n";
+  std::vector<std::vector<std::string>> in_rows;
+  nlohmann::json flat = inputs.is_object() ? inputs.flatten() : nlohmann::json::object();
+  for (auto& [k, v] : flat.items()) {
+    std::string input = k.substr(1);  // "/model/name" -> "model.name"
+    std::replace(input.begin(), input.end(), '/', '.');
+    in_rows.push_back({input, v.is_string() ? v.get<std::string>() : v.dump()});
+  }
+  std::cout << Table({"INPUT", "VALUE"}, in_rows);
   return kExitOk;
 }
 
-int CmdCacheRemove(const std::string& key) {
+int CmdCacheRemove(const std::string& key, const DeleteArgs& del) {
   auto catalog = OpenCatalog();
   auto a = FindEntry(*catalog, key);
+  if (del.dry_run) {
+    std::cout << "would remove " << a.key << " (" << Bytes(a.bytes) << ", " << a.state
+              << "); dry run: nothing was removed\n";
+    return kExitOk;
+  }
+  if (!Confirm("remove cache entry " + a.key.substr(0, 12) + " (" + Bytes(a.bytes) + ")?", del.yes))
+    return Declined();
   auto path = catalog->DeleteArtifact(a.key);
   if (!path) throw UserError("entry " + key + " is being built; try again when it is done");
   if (!workers::RemoveArtifact(HomeDir(), *path)) {
@@ -128,42 +176,76 @@ int CmdCacheRemove(const std::string& key) {
   return kExitOk;
 }
 
-int CmdCacheVerify() {
+int CmdCacheVerify(const DeleteArgs& del, const std::string& format) {
   auto catalog = OpenCatalog();
-  int ok = 0, dropped = 0, outside = 0;
-  for (const auto& a : catalog->ListArtifacts()) {
+  int ok = 0;
+  std::vector<schema::ArtifactRow> corrupt, outside;
+  for (auto& a : catalog->ListArtifacts()) {
     if (a.state != "ready") continue;
-    if (workers::IsStorePath(HomeDir(), a.path) && workers::VerifyArtifact(a.path, a.digest)) {
+    if (!workers::IsStorePath(HomeDir(), a.path))
+      outside.push_back(std::move(a));
+    else if (workers::VerifyArtifact(a.path, a.digest))
       ++ok;
-      continue;
+    else
+      corrupt.push_back(std::move(a));
+  }
+  size_t bad = corrupt.size() + outside.size();
+  if (format != "json") {
+    for (const auto& a : corrupt)
+      std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ")\n";
+    for (const auto& a : outside)
+      std::cerr << "warning: entry " << a.key.substr(0, 12)
+                << " names a path outside the store: " << a.path
+                << " (its catalog row is dropped; its files are not the store's to delete)\n";
+  }
+  bool drop = bad > 0 && !del.dry_run;
+  if (drop && !Confirm("drop these " + std::to_string(bad) + " entries?", del.yes))
+    return Declined();
+  nlohmann::ordered_json jcorrupt = nlohmann::ordered_json::array(),
+                         joutside = nlohmann::ordered_json::array();
+  int dropped = 0, dropped_outside = 0;
+  for (const auto& a : corrupt) {
+    bool gone = false;
+    if (drop) {
+      if (auto path = catalog->DeleteArtifact(a.key)) {
+        gone = true;
+        ++dropped;
+        if (!workers::RemoveArtifact(HomeDir(), *path))
+          std::cerr << OutsideStore(a.key, *path) << "\n";
+      }
     }
-    auto path = catalog->DeleteArtifact(a.key);
-    if (path && !workers::RemoveArtifact(HomeDir(), *path)) {
-      std::cerr << OutsideStore(a.key, *path) << "\n";
-      ++outside;
-    } else {
-      std::cout << "corrupt: " << a.key.substr(0, 12) << " (" << a.path << ") dropped\n";
-      ++dropped;
-    }
+    jcorrupt.push_back({{"key", a.key}, {"path", OrNull(a.path)}, {"dropped", gone}});
+  }
+  for (const auto& a : outside) {
+    // Its row goes; the files it names are not the store's to delete.
+    bool gone = drop && catalog->DeleteArtifact(a.key).has_value();
+    if (gone) ++dropped_outside;
+    joutside.push_back({{"key", a.key}, {"path", OrNull(a.path)}, {"dropped", gone}});
+  }
+  if (format == "json") {
+    nlohmann::ordered_json j = {{"dry_run", del.dry_run},
+                                {"verified", ok},
+                                {"corrupt", jcorrupt},
+                                {"outside_store", joutside}};
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (del.dry_run) {
+    std::cout << ok << " entries verified, " << corrupt.size() << " corrupt, " << outside.size()
+              << " outside the store (dry run: nothing was dropped)\n";
+    return kExitOk;
   }
   std::cout << ok << " entries verified, " << dropped << " corrupt entries dropped";
-  if (outside > 0)
-    std::cout << ", " << outside << " entries outside the store dropped from the catalog";
+  if (dropped_outside > 0)
+    std::cout << ", " << dropped_outside << " entries outside the store dropped from the catalog";
   std::cout << "\n";
   return kExitOk;
 }
 
-int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool dry_run) {
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, const DeleteArgs& del,
+               const std::string& format) {
   if (max_bytes.empty() == older_than.empty())
     throw UserError("give one of --max-bytes N or --older-than D (e.g. 30d)");
-  auto catalog = OpenCatalog();
-  std::vector<schema::ArtifactRow> ready;
-  int64_t total = 0;
-  for (auto& a : catalog->ListArtifacts())
-    if (a.state == "ready") total += a.bytes, ready.push_back(std::move(a));
-  // Least recently used first; entries being built are never touched.
-  std::sort(ready.begin(), ready.end(),
-            [](const auto& x, const auto& y) { return x.last_used_at < y.last_used_at; });
   int64_t limit = -1;
   std::string cutoff;
   if (!max_bytes.empty()) {
@@ -173,78 +255,143 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool
                       ": expected a size like 500000000, 500MB, 1GB or 1GiB (nothing was removed)");
     limit = static_cast<int64_t>(*bytes);
   } else {
-    auto age = ParseDuration(older_than);
-    if (!age)
-      throw UserError("--older-than " + older_than + ": expected a duration like 30d or 12h");
-    std::time_t t = std::time(nullptr) - static_cast<std::time_t>(*age);
+    double age = ParseDurationFlag("--older-than", older_than);
+    std::time_t t = std::time(nullptr) - static_cast<std::time_t>(age);
     char buf[32];
     std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S.000000Z", std::gmtime(&t));
     cutoff = buf;
   }
-  int removed = 0;
+  auto catalog = OpenCatalog();
+  std::vector<schema::ArtifactRow> ready;
+  int64_t total = 0;
+  for (auto& a : catalog->ListArtifacts())
+    if (a.state == "ready") total += a.bytes, ready.push_back(std::move(a));
+  // Least recently used first; entries being built are never touched.
+  std::sort(ready.begin(), ready.end(),
+            [](const auto& x, const auto& y) { return x.last_used_at < y.last_used_at; });
+  std::vector<const schema::ArtifactRow*> chosen;
+  nlohmann::ordered_json skipped = nlohmann::ordered_json::array();
   for (const auto& a : ready) {
     bool drop = limit >= 0 ? total > limit : a.last_used_at < cutoff;
     if (!drop) continue;
+    total -= a.bytes;
     if (!workers::IsStorePath(HomeDir(), a.path)) {  // not the store's bytes to reclaim
+      skipped.push_back({{"key", a.key}, {"path", OrNull(a.path)}});
       std::cerr << "warning: entry " << a.key.substr(0, 12)
                 << " names a path outside the store: " << a.path
                 << "; skipped (`trnflow cache verify` drops it)\n";
-      total -= a.bytes;
       continue;
     }
-    if (dry_run) {
-      total -= a.bytes;
-      ++removed;
-      std::cout << "would remove " << a.key.substr(0, 12) << " (" << Bytes(a.bytes)
-                << ", last used " << a.last_used_at << ")\n";
-      continue;
-    }
-    if (auto path = catalog->DeleteArtifact(a.key)) {
-      workers::RemoveArtifact(HomeDir(), *path);
-      total -= a.bytes;
-      ++removed;
-      std::cout << "removed " << a.key.substr(0, 12) << " (last used " << a.last_used_at << ")\n";
-    }
+    chosen.push_back(&a);
   }
-  if (dry_run)
-    std::cout << removed << " entries would be removed (dry run: nothing was); the cache would "
-              << "hold " << Bytes(total) << "\n";
+  int64_t chosen_bytes = 0;
+  for (const auto* a : chosen) chosen_bytes += a->bytes;
+  if (!del.dry_run && !chosen.empty() &&
+      !Confirm("remove " + std::to_string(chosen.size()) + " cache entries (" +
+                   Bytes(chosen_bytes) + ")?",
+               del.yes))
+    return Declined();
+  nlohmann::ordered_json removed = nlohmann::ordered_json::array();
+  for (const auto* a : chosen) {
+    if (!del.dry_run) {
+      auto path = catalog->DeleteArtifact(a->key);
+      if (!path) {  // started building again meanwhile: it stays
+        total += a->bytes;
+        continue;
+      }
+      workers::RemoveArtifact(HomeDir(), *path);
+    }
+    removed.push_back(
+        {{"key", a->key}, {"bytes", a->bytes}, {"last_used_at", OrNull(a->last_used_at)}});
+    if (format != "json")
+      std::cout << (del.dry_run ? "would remove " : "removed ") << a->key.substr(0, 12) << " ("
+                << Bytes(a->bytes) << ", last used " << a->last_used_at << ")\n";
+  }
+  if (format == "json") {
+    nlohmann::ordered_json j = {{"dry_run", del.dry_run},
+                                {"removed", removed},
+                                {"skipped_outside_store", skipped},
+                                {"bytes_left", total}};
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (del.dry_run)
+    std::cout << removed.size() << " entries would be removed (dry run: nothing was); the cache "
+              << "would hold " << Bytes(total) << "\n";
   else
-    std::cout << removed << " entries removed; the cache holds " << Bytes(total) << "\n";
+    std::cout << removed.size() << " entries removed; the cache holds " << Bytes(total) << "\n";
   return kExitOk;
 }
 
-int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
+int CmdCacheWhy(const std::string& run_text, const std::string& stage, const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   auto row = catalog->StageCacheInputs(run_id, stage);
-  if (!row) throw UserError("run " + run_text + " has no stage '" + stage + "'");
+  if (!row) {
+    if (!catalog->GetRun(run_id))
+      throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+    std::vector<std::string> names;
+    for (const auto& s : catalog->GetStages(run_id)) names.push_back(s.name);
+    throw UserError("run " + run_text + " has no stage '" + stage + "'" +
+                    NameHint(stage, names, "; `trnflow show " + run_text + "` lists them"));
+  }
+  nlohmann::ordered_json j = {{"run_id", std::to_string(run_id)}, {"stage", stage}};
   if (row->empty()) {
-    std::cout << "stage " << stage
-              << " has no cache key: it has cache: false, or has not run yet (a stage that is "
-                 "not a compile gets its key when it runs)\n";
+    std::string why =
+        "it has cache: false, or has not run yet (a stage that is not a compile gets its key "
+        "when it runs)";
+    if (format == "json") {
+      j["key"] = nullptr;
+      j["cached"] = false;
+      j["reason"] = "no cache key: " + why;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << "stage " << stage << " has no cache key: " << why << "\n";
+    }
     return kExitOk;
   }
   auto mine = nlohmann::json::parse(*row);
   std::string key = Sha256Hex(*row);
+  j["key"] = key;
   if (auto a = catalog->GetArtifact(key)) {
-    std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", " << a->hits
-              << " hits)\n";
+    if (format == "json") {
+      j["cached"] = true;
+      j["state"] = a->state;
+      j["hits"] = a->hits;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", "
+                << a->hits << " hits)\n";
+    }
     return kExitOk;
   }
   // The closest cached key: the fewest differing inputs.
-  std::vector<std::string> best_diff;
+  struct Diff {
+    std::string input;
+    nlohmann::json value, cached;
+  };
+  std::vector<Diff> best_diff;
   std::string best_key;
   for (const auto& a : catalog->ListArtifacts()) {
     auto theirs = nlohmann::json::parse(a.manifest_json, nullptr, false);
     if (theirs.is_discarded()) continue;
-    std::vector<std::string> diff;
+    std::vector<Diff> diff;
     auto flat_mine = mine.flatten(), flat_theirs = theirs.flatten();
     for (auto& [k, v] : flat_mine.items())
       if (!flat_theirs.contains(k) || flat_theirs[k] != v)
-        diff.push_back(k.substr(1) + ": " + v.dump() + " (cached: " +
-                       (flat_theirs.contains(k) ? flat_theirs[k].dump() : "absent") + ")");
+        diff.push_back(
+            {k.substr(1), v, flat_theirs.contains(k) ? flat_theirs[k] : nlohmann::json(nullptr)});
     if (best_key.empty() || diff.size() < best_diff.size()) best_key = a.key, best_diff = diff;
+  }
+  if (format == "json") {
+    j["cached"] = false;
+    j["closest_key"] = OrNull(best_key);
+    nlohmann::ordered_json d = nlohmann::ordered_json::array();
+    for (const auto& x : best_diff)
+      d.push_back({{"input", x.input}, {"value", x.value}, {"cached", x.cached}});
+    j["differences"] = d;
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
   }
   std::cout << "miss: key " << key.substr(0, 12) << " is not in the cache\n";
   if (best_key.empty()) {
@@ -252,14 +399,23 @@ int CmdCacheWhy(const std::string& run_text, const std::string& stage) {
     return kExitOk;
   }
   std::cout << "closest cached key " << best_key.substr(0, 12) << " differs in:\n";
-  for (const auto& d : best_diff) std::cout << "  " << d << "\n";
+  for (const auto& d : best_diff)
+    std::cout << "  " << d.input << ": " << d.value.dump()
+              << " (cached: " << (d.cached.is_null() ? "absent" : d.cached.dump()) << ")\n";
   return kExitOk;
 }
 
-int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list) {
+int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list,
+                  const std::string& format) {
   auto catalog = OpenCatalog();
   if (list) {
     auto pairs = catalog->ListCacheTrust();
+    if (format == "json") {
+      nlohmann::ordered_json out = nlohmann::ordered_json::array();
+      for (const auto& [p, t] : pairs) out.push_back({{"project", p}, {"trusted", t}});
+      std::cout << out.dump(2) << "\n";
+      return kExitOk;
+    }
     if (pairs.empty()) std::cout << "no project trusts another's cache entries\n";
     for (const auto& [p, t] : pairs) std::cout << p << " trusts " << t << "\n";
     return kExitOk;
@@ -267,6 +423,14 @@ int CmdCacheTrust(const std::string& project, const std::string& trusted, bool t
   if (project.empty() || trusted.empty())
     throw UserError(std::string("give PROJECT and TRUSTED, e.g. `trnflow cache ") +
                     (trust ? "trust" : "untrust") + " team-b team-a`");
+  if (format == "json") {
+    bool changed = trust ? catalog->AddCacheTrust(project, trusted)
+                         : catalog->RemoveCacheTrust(project, trusted);
+    nlohmann::ordered_json j = {
+        {"project", project}, {"trusted", trusted}, {"trusts", trust}, {"changed", changed}};
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
   if (trust) {
     bool added = catalog->AddCacheTrust(project, trusted);
     std::cout << project << (added ? " now trusts " : " already trusted ") << trusted

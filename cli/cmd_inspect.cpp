@@ -1,4 +1,5 @@
-// trnflow validate / plan / runs / show / logs / instances: commands that read.
+// trnflow validate / plan / runs / show / logs / instances / models: commands that read.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -27,13 +28,39 @@ std::string InstanceCell(const std::string& type, int count) {
 
 }  // namespace
 
-int CmdValidate(const std::vector<std::string>& files) {
+int CmdValidate(const std::vector<std::string>& files, const std::string& format) {
   int bad = 0;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& f : files) {
     auto r = pipelines::LoadPipelineFile(f, {});
+    bool ok = !r.diagnostics.has_errors();
+    if (!ok) ++bad;
+    if (format == "json") {
+      nlohmann::ordered_json diags = nlohmann::ordered_json::array();
+      int warnings = 0;
+      for (const auto& d : r.diagnostics.all()) {
+        bool error = d.severity == pipelines::Severity::kError;
+        warnings += error ? 0 : 1;
+        diags.push_back(
+            {{"file", f},
+             {"line", d.loc.line > 0 ? nlohmann::json(d.loc.line) : nlohmann::json(nullptr)},
+             {"col", d.loc.col > 0 ? nlohmann::json(d.loc.col) : nlohmann::json(nullptr)},
+             {"severity", error ? "error" : "warning"},
+             {"message", d.message},
+             {"hint", OrNull(d.hint)}});
+      }
+      out.push_back(
+          {{"file", f},
+           {"ok", ok},
+           {"pipeline", ok ? OrNull(r.pipeline->name) : nlohmann::json(nullptr)},
+           {"stages", ok ? nlohmann::json(r.pipeline->stages.size()) : nlohmann::json(nullptr)},
+           {"errors", r.diagnostics.error_count()},
+           {"warnings", warnings},
+           {"diagnostics", diags}});
+      continue;
+    }
     std::cerr << r.diagnostics.Format();
-    if (r.diagnostics.has_errors()) {
-      ++bad;
+    if (!ok) {
       int n = r.diagnostics.error_count();
       std::cerr << n << (n == 1 ? " error" : " errors") << " in " << f << "\n";
     } else {
@@ -41,6 +68,7 @@ int CmdValidate(const std::vector<std::string>& files) {
       std::cout << f << ": ok (" << n << (n == 1 ? " stage)\n" : " stages)\n");
     }
   }
+  if (format == "json") std::cout << out.dump(2) << "\n";
   return bad ? kExitBadInput : kExitOk;
 }
 
@@ -66,6 +94,7 @@ int CmdPlan(const RunArgs& a) {
 int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format) {
   auto catalog = OpenCatalog();
+  RequireProject(*catalog, project);
   auto runs = catalog->ListRuns(project, state, limit);
   if (format == "json") {
     nlohmann::json out = nlohmann::json::array();
@@ -94,6 +123,100 @@ int CmdRuns(const std::string& project, const std::string& state, int limit,
   return kExitOk;
 }
 
+namespace {
+
+// A stage named `filter`: by its name, or for a matrix stage by the name in the file
+// ("compile" for every "compile[batch=...]").
+bool StageMatches(const std::string& name, const std::string& filter) {
+  return filter.empty() || name == filter || name.substr(0, name.find('[')) == filter;
+}
+
+// `show --format json`: the run, its stages (or one, by name) and their attempts.
+nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
+                       const std::string& stage_filter) {
+  auto stages = catalog.GetStages(run.id);
+  auto attempts = catalog.GetAttempts(run.id);
+  auto metrics = catalog.LatestStageMetrics(run.id);
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& s : stages) {
+    if (!StageMatches(s.name, stage_filter)) continue;
+    nlohmann::json ja = nlohmann::json::array();
+    for (const auto& a : attempts) {
+      if (a.stage_id != s.id) continue;
+      ja.push_back({{"attempt", a.attempt},
+                    {"outcome", OrNull(a.outcome)},
+                    {"worker", OrNull(a.worker)},
+                    {"instance_type", OrNull(a.instance_type)},
+                    {"instance_count", a.instance_count},
+                    {"market", OrNull(a.market)},
+                    {"price_usd_hour", Usd(a.price_per_hour)},
+                    {"started_at", OrNull(a.started_at)},
+                    {"finished_at", OrNull(a.finished_at)},
+                    {"sim_hours", a.sim_seconds / 3600},
+                    {"billed_seconds", a.billed_seconds},
+                    {"cost_usd", Usd(a.cost)},
+                    {"wasted_usd", Usd(a.wasted)},
+                    {"saved_usd", Usd(a.saved)},
+                    {"progress_from", a.progress_from},
+                    {"progress_to", a.progress_to},
+                    {"message", OrNull(a.message)}});
+    }
+    js.push_back(
+        {{"name", s.name},
+         {"kind", s.kind},
+         {"state", s.state},
+         {"instance_type", OrNull(s.instance_type)},
+         {"instance_count", s.instance_count},
+         {"market", OrNull(s.market)},
+         {"needs", s.needs},
+         {"cost_usd", Usd(s.cost)},
+         {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
+                                                   : nlohmann::json(nullptr)},
+         {"progress",
+          s.live_progress >= 0 ? nlohmann::json(s.live_progress) : nlohmann::json(nullptr)},
+         {"eta_sim_seconds",
+          s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
+         {"last_outcome", OrNull(s.last_outcome)},
+         {"last_message", OrNull(s.last_message)},
+         {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
+                                         : nlohmann::json(nullptr)},
+         {"attempts", ja}});
+  }
+  return {{"run",
+           {{"run_id", std::to_string(run.id)},
+            {"project", run.project},
+            {"pipeline", run.pipeline},
+            {"state", run.state},
+            {"cancel_reason", OrNull(run.cancel_reason)},
+            {"budget_usd", run.budget ? nlohmann::json(Usd(*run.budget)) : nlohmann::json(nullptr)},
+            {"speed", run.speed},
+            {"seed", run.seed},
+            {"created_at", run.created_at},
+            {"finished_at", OrNull(run.finished_at)},
+            {"cost_usd", Usd(run.cost)}}},
+          {"stages", js}};
+}
+
+// The stage names of a run, for "did you mean" (expanded names and matrix base names).
+std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages) {
+  std::vector<std::string> names;
+  for (const auto& s : stages) {
+    names.push_back(s.name);
+    std::string base = s.name.substr(0, s.name.find('['));
+    if (base != s.name && std::find(names.begin(), names.end(), base) == names.end())
+      names.push_back(base);
+  }
+  return names;
+}
+
+}  // namespace
+
+void PrintRunJson(schema::Catalog& catalog, int64_t run_id) {
+  auto run = catalog.GetRun(run_id);
+  if (!run) throw UserError("no run " + std::to_string(run_id) + "; `trnflow runs` lists them");
+  std::cout << RunJson(catalog, *run, "").dump(2) << "\n";
+}
+
 int CmdShow(const std::string& run_text, const std::string& stage_filter,
             const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
@@ -105,75 +228,14 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   auto metrics = catalog->LatestStageMetrics(run_id);
   if (!stage_filter.empty()) {
     bool found = false;
-    for (const auto& s : stages) found = found || s.name == stage_filter;
-    if (!found) throw UserError("run " + run_text + " has no stage '" + stage_filter + "'");
+    for (const auto& s : stages) found = found || StageMatches(s.name, stage_filter);
+    if (!found)
+      throw UserError("run " + run_text + " has no stage '" + stage_filter + "'" +
+                      NameHint(stage_filter, StageNames(stages),
+                               "; `trnflow show " + run_text + "` lists them"));
   }
   if (format == "json") {
-    nlohmann::json js = nlohmann::json::array();
-    for (const auto& s : stages) {
-      if (!stage_filter.empty() && s.name != stage_filter) continue;
-      nlohmann::json ja = nlohmann::json::array();
-      for (const auto& a : attempts) {
-        if (a.stage_id != s.id) continue;
-        ja.push_back(
-            {{"attempt", a.attempt},
-             {"outcome", a.outcome.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.outcome)},
-             {"worker", a.worker},
-             {"instance_type", a.instance_type},
-             {"instance_count", a.instance_count},
-             {"market", a.market},
-             {"price_usd_hour", Usd(a.price_per_hour)},
-             {"started_at", a.started_at},
-             {"finished_at", a.finished_at},
-             {"sim_hours", a.sim_seconds / 3600},
-             {"billed_seconds", a.billed_seconds},
-             {"cost_usd", Usd(a.cost)},
-             {"wasted_usd", Usd(a.wasted)},
-             {"saved_usd", Usd(a.saved)},
-             {"progress_from", a.progress_from},
-             {"progress_to", a.progress_to},
-             {"message", a.message}});
-      }
-      js.push_back(
-          {{"name", s.name},
-           {"kind", s.kind},
-           {"state", s.state},
-           {"instance_type", s.instance_type},
-           {"instance_count", s.instance_count},
-           {"market", s.market},
-           {"needs", s.needs},
-           {"cost_usd", Usd(s.cost)},
-           {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
-                                                     : nlohmann::json(nullptr)},
-           {"progress", s.live_progress >= 0 ? nlohmann::json(s.live_progress)
-                                             : nlohmann::json(nullptr)},
-           {"eta_sim_seconds",
-            s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
-           {"last_outcome",
-            s.last_outcome.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.last_outcome)},
-           {"last_message",
-            s.last_message.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.last_message)},
-           {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
-                                           : nlohmann::json(nullptr)},
-           {"attempts", ja}});
-    }
-    nlohmann::json out = {
-        {"run",
-         {{"run_id", std::to_string(run->id)},
-          {"project", run->project},
-          {"pipeline", run->pipeline},
-          {"state", run->state},
-          {"cancel_reason", run->cancel_reason.empty() ? nlohmann::json(nullptr)
-                                                       : nlohmann::json(run->cancel_reason)},
-          {"budget_usd", run->budget ? nlohmann::json(Usd(*run->budget)) : nlohmann::json(nullptr)},
-          {"speed", run->speed},
-          {"seed", run->seed},
-          {"created_at", run->created_at},
-          {"finished_at",
-           run->finished_at.empty() ? nlohmann::json(nullptr) : nlohmann::json(run->finished_at)},
-          {"cost_usd", Usd(run->cost)}}},
-        {"stages", js}};
-    std::cout << out.dump(2) << "\n";
+    std::cout << RunJson(*catalog, *run, stage_filter).dump(2) << "\n";
     return kExitOk;
   }
   std::string state = run->state;
@@ -212,10 +274,13 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                        rows);
     return kExitOk;
   }
-  std::vector<std::vector<std::string>> rows;
+  bool first = true;
   for (const auto& s : stages) {
-    if (s.name != stage_filter) continue;
-    std::cout << "stage " << s.name << " (" << s.kind << ")  " << s.state << "\n";
+    if (!StageMatches(s.name, stage_filter)) continue;
+    std::vector<std::vector<std::string>> rows;
+    std::cout << (first ? "" : "\n") << "stage " << s.name << " (" << s.kind << ")  " << s.state
+              << "\n";
+    first = false;
     for (const auto& line : ExplainStageLines(*catalog, run_id, s.name))
       std::cout << "  - " << line << "\n";
     std::cout << "\n";
@@ -231,14 +296,16 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                       a.wasted.ToDollars(),
                       open ? ProgressCell(s, run->speed) : a.message});
     }
+    std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
+                        ">SIM HOURS", ">COST", ">WASTED", "WHY"},
+                       rows);
   }
-  std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
-                      ">SIM HOURS", ">COST", ">WASTED", "WHY"},
-                     rows);
   return kExitOk;
 }
 
-int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) {
+int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
+            const std::string& format) {
+  bool json = format == "json";
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   if (!catalog->GetRun(run_id))
@@ -246,31 +313,36 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) 
   namespace fs = std::filesystem;
   fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
   auto stages = catalog->GetStages(run_id);
-  if (!stage.empty() &&
-      std::none_of(stages.begin(), stages.end(), [&](const auto& s) { return s.name == stage; })) {
-    std::vector<std::string> names;
-    for (const auto& s : stages) names.push_back(s.name);
-    std::string hint = pipelines::DidYouMean(stage, names);
-    throw UserError("run " + run_text + " has no stage '" + stage + "'" +
-                    (hint.empty() ? "; `trnflow show " + run_text + "` lists them" : "; " + hint));
-  }
+  if (!stage.empty() && std::none_of(stages.begin(), stages.end(),
+                                     [&](const auto& s) { return StageMatches(s.name, stage); }))
+    throw UserError(
+        "run " + run_text + " has no stage '" + stage + "'" +
+        NameHint(stage, StageNames(stages), "; `trnflow show " + run_text + "` lists them"));
   // Each attempt's log, by path: how much of it is printed. A log that is not on this host (its
   // worker ran elsewhere, with a TRNFLOW_HOME of its own) is named with the host that has it.
   std::map<std::string, std::streamoff> printed;
   std::set<std::string> elsewhere;
+  // --format json: one entry per attempt, its whole text (with --follow, once the run ends);
+  // "text" is null for a log on another host.
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  std::map<std::string, size_t> entry_of;  // path -> index in `out`
   int shown = 0;
   if (follow) InstallSignalHandlers();
   while (true) {
     auto attempts = catalog->GetAttempts(run_id);
     for (const auto& s : stages) {
-      if (!stage.empty() && s.name != stage) continue;
+      if (!StageMatches(s.name, stage)) continue;
       if (s.kind != "run") continue;
+      // The worker names a log after the stage with '/' and ' ' made '_' (matrix values).
+      std::string file_name = s.name;
+      for (char& c : file_name)
+        if (c == '/' || c == ' ') c = '_';
       for (const auto& a : attempts) {
         if (a.stage_id != s.id) continue;
         // Where its worker wrote it (found here when TRNFLOW_HOME is shared or this is that
         // host), else this host's own TRNFLOW_HOME.
         fs::path name = fs::path("logs") / ("run-" + std::to_string(run_id)) /
-                        (s.name + ".attempt-" + std::to_string(a.attempt) + ".log");
+                        (file_name + ".attempt-" + std::to_string(a.attempt) + ".log");
         fs::path p = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
         std::ifstream in(p, std::ios::binary);
         if (!in && !a.worker_home.empty()) in.open(p = fs::path(HomeDir()) / name, std::ios::binary);
@@ -278,10 +350,18 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) 
           std::string worker_host = a.worker.substr(0, a.worker.find(':'));
           if (a.outcome != "cached" && !a.worker_home.empty() &&
               elsewhere.insert(p.string()).second) {
-            std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
-                      << worker_host << " at " << (fs::path(a.worker_home) / name).string()
-                      << ", which this host cannot read (share TRNFLOW_HOME between hosts: "
-                         "docs/operations.md) <==\n";
+            std::string there = (fs::path(a.worker_home) / name).string();
+            if (json)
+              out.push_back({{"stage", s.name},
+                             {"attempt", a.attempt},
+                             {"path", there},
+                             {"host", OrNull(worker_host)},
+                             {"text", nullptr}});
+            else
+              std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
+                        << worker_host << " at " << there
+                        << ", which this host cannot read (share TRNFLOW_HOME between hosts: "
+                           "docs/operations.md) <==\n";
             ++shown;
           }
           continue;
@@ -289,13 +369,23 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) 
         auto [it, fresh] = printed.try_emplace(p.string(), 0);
         in.seekg(it->second);
         std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (fresh) {
+        it->second += static_cast<std::streamoff>(chunk.size());
+        if (fresh) ++shown;
+        if (json) {
+          auto [e, added] = entry_of.try_emplace(p.string(), out.size());
+          if (added)
+            out.push_back({{"stage", s.name},
+                           {"attempt", a.attempt},
+                           {"path", p.string()},
+                           {"host", nullptr},
+                           {"text", ""}});
+          out[e->second]["text"] = out[e->second]["text"].get<std::string>() + chunk;
+          continue;
+        }
+        if (fresh)
           std::cout << "==> " << s.name << " attempt " << a.attempt << " (" << p.string()
                     << ") <==\n";
-          ++shown;
-        }
         std::cout << chunk;
-        it->second += static_cast<std::streamoff>(chunk.size());
       }
     }
     std::cout << std::flush;
@@ -305,6 +395,11 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow) 
     if (g_interrupted) return kExitInterrupted;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     stages = catalog->GetStages(run_id);
+  }
+  if (json) {
+    // Output is bytes; anything that is not UTF-8 is replaced rather than refused.
+    std::cout << out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return kExitOk;
   }
   if (!shown)
     std::cout << "no captured output" << (stage.empty() ? "" : " for stage " + stage)
@@ -364,6 +459,49 @@ int CmdInstances(const std::string& format, bool sources) {
     for (const auto& [what, source] : t.sources)
       std::cout << "    " << what << ": " << source << "\n";
   }
+  return kExitOk;
+}
+
+int CmdModels(const std::string& format) {
+  const auto& models = sim::Catalog::Builtin().models();
+  if (format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& m : models)
+      out.push_back({{"name", m.name},
+                     {"architecture", OrNull(m.architecture)},
+                     {"parameters", m.parameters},
+                     {"layers", m.layers},
+                     {"hidden", m.hidden},
+                     {"heads", m.heads},
+                     {"kv_heads", m.kv_heads},
+                     {"vocab", m.vocab},
+                     {"context", m.context},
+                     {"features", m.features},
+                     {"source", OrNull(m.source)}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  auto params = [](double p) {
+    char b[32];
+    if (p >= 1e9)
+      std::snprintf(b, sizeof b, "%.2fB", p / 1e9);
+    else
+      std::snprintf(b, sizeof b, "%.0fM", p / 1e6);
+    return std::string(b);
+  };
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& m : models) {
+    std::string features;
+    for (const auto& f : m.features) features += (features.empty() ? "" : ",") + f;
+    rows.push_back({m.name, m.architecture, params(m.parameters), std::to_string(m.layers),
+                    std::to_string(m.hidden), std::to_string(m.heads), std::to_string(m.kv_heads),
+                    std::to_string(m.vocab), std::to_string(m.context), features});
+  }
+  std::cout << Table({"MODEL", "ARCHITECTURE", ">PARAMETERS", ">LAYERS", ">HIDDEN", ">HEADS",
+                      ">KV HEADS", ">VOCAB", ">CONTEXT", "FEATURES"},
+                     rows)
+            << "\na stage names one with `model: NAME`, or describes its own inline "
+               "(docs/pipeline-format.md); sources: trnflow models --format json\n";
   return kExitOk;
 }
 

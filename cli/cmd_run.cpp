@@ -218,7 +218,7 @@ std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
   return pipeline;
 }
 
-// Budget admission, then the run in one transaction. Throws UserError (nothing written) when
+// Budget admission, then the run in one transaction. Throws Refused (nothing written) when
 // the budget refuses it.
 int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
@@ -270,14 +270,25 @@ int CmdRun(const RunArgs& a) {
   auto pipeline = LoadForSubmit(a);
   if (!pipeline) return kExitBadInput;
   auto pools = PoolsFor(*pipeline, a.pools);
+  {
+    workers::WorkerOptions flags_only;  // a malformed --job-limits submits nothing
+    ApplySandboxArgs(a.sandbox, flags_only);
+  }
   auto catalog = OpenCatalog();
   catalog->RequireStageRunner("`trnflow run`");  // before anything is submitted
   int64_t run_id = AdmitAndSubmit(*catalog, *pipeline, a);
-  std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
-            << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
-            << ", speed " << a.speed << "x, seed " << a.seed << ")\n"
-            << std::flush;
-  return ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(a.seed), a.sandbox);
+  int code;
+  {
+    // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
+    StdoutToStderr progress_to_stderr(a.format == "json");
+    std::cout << "run " << run_id << ": " << pipeline->name << " (" << pipeline->stages.size()
+              << " stages, project " << (a.project.empty() ? pipeline->project : a.project)
+              << ", speed " << Number(a.speed) << "x, seed " << a.seed << ")\n"
+              << std::flush;
+    code = ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(a.seed), a.sandbox);
+  }
+  if (a.format == "json" && code != kExitInterrupted) PrintRunJson(*catalog, run_id);
+  return code;
 }
 
 int CmdSubmit(const RunArgs& a) {
@@ -346,6 +357,18 @@ int CmdResume(const std::string& run_text) {
 int CmdRetry(const std::string& run_text, const std::string& stage) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
+  if (catalog->GetRun(run_id)) {  // a typo gets the closest stage (the catalog says the rest)
+    std::vector<std::string> names;
+    bool known = false;
+    for (const auto& s : catalog->GetStages(run_id)) {
+      std::string base = s.name.substr(0, s.name.find('['));
+      known = known || s.name == stage || base == stage;
+      names.push_back(base);
+    }
+    if (!known && !pipelines::ClosestMatch(stage, names).empty())
+      throw UserError("run " + run_text + " has no stage '" + stage + "'" +
+                      NameHint(stage, names, ""));
+  }
   int n = catalog->RetryStage(run_id, stage);
   std::cout << "run " << run_id << ": " << stage << " and what depends on it (" << n
             << " stage(s)) will run again\n";
@@ -353,31 +376,40 @@ int CmdRetry(const std::string& run_text, const std::string& stage) {
   return kExitOk;
 }
 
-int CmdWatch(const std::string& run_text, bool execute, const SandboxArgs& sandbox) {
+int CmdWatch(const std::string& run_text, bool execute, const SandboxArgs& sandbox,
+             const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
   auto run = catalog->GetRun(run_id);
   if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
-  if (execute) {
-    if (run->state != "running")
-      throw UserError("run " + run_text + " has ended (" + run->state +
-                      "); `trnflow resume " + run_text + "` first to run what failed again");
-    catalog->RequireStageRunner("`trnflow watch --execute`");
-    // Pools wide enough for every stage of the run, as `run` gives a fresh pipeline.
-    std::map<std::string, int> cap;
-    for (const auto& s : catalog->GetStages(run_id))
-      if (const auto* t = sim::Catalog::Builtin().FindInstance(s.instance_type))
-        cap[t->pool] = std::max({cap[t->pool], 16, s.instance_count});
-    std::vector<workers::PoolConfig> pools;
-    for (const auto& [name, n] : cap) pools.push_back({name, n});
-    return ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(run->seed), sandbox);
+  int code;
+  {
+    // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
+    StdoutToStderr progress_to_stderr(format == "json");
+    if (execute) {
+      if (run->state != "running")
+        throw UserError("run " + run_text + " has ended (" + run->state +
+                        "); `trnflow resume " + run_text + "` first to run what failed again");
+      catalog->RequireStageRunner("`trnflow watch --execute`");
+      // Pools wide enough for every stage of the run, as `run` gives a fresh pipeline.
+      std::map<std::string, int> cap;
+      for (const auto& s : catalog->GetStages(run_id))
+        if (const auto* t = sim::Catalog::Builtin().FindInstance(s.instance_type))
+          cap[t->pool] = std::max({cap[t->pool], 16, s.instance_count});
+      std::vector<workers::PoolConfig> pools;
+      for (const auto& [name, n] : cap) pools.push_back({name, n});
+      code = ExecuteHere(*catalog, run_id, pools, static_cast<uint64_t>(run->seed), sandbox);
+    } else {
+      InstallSignalHandlers();
+      FollowRun(*catalog, run_id, g_interrupted);
+      if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
+      PrintRunSummary(*catalog, run_id);
+      run = catalog->GetRun(run_id);
+      code = run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+    }
   }
-  InstallSignalHandlers();
-  FollowRun(*catalog, run_id, g_interrupted);
-  if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
-  PrintRunSummary(*catalog, run_id);
-  run = catalog->GetRun(run_id);
-  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+  if (format == "json" && code != kExitInterrupted) PrintRunJson(*catalog, run_id);
+  return code;
 }
 
 }  // namespace trnflow::cli

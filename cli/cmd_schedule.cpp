@@ -7,6 +7,7 @@
 // `show` say when the file here differs from the snapshot.
 #include <date/date.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -126,9 +127,17 @@ void CheckCronAndZone(const std::string& cron, const std::string& tz) {
     throw UserError("--tz " + tz + ": not a time zone; use an IANA name like Europe/Berlin");
 }
 
+// "no schedule X", with the closest name.
+UserError NoSchedule(schema::Catalog& catalog, const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& s : catalog.ListSchedules()) names.push_back(s.name);
+  return UserError("no schedule " + name +
+                   NameHint(name, names, "; `trnflow schedule ls` lists them"));
+}
+
 schema::ScheduleRow RequireSchedule(schema::Catalog& catalog, const std::string& name) {
   auto s = catalog.GetSchedule(name);
-  if (!s) throw UserError("no schedule " + name + "; `trnflow schedule ls` lists them");
+  if (!s) throw NoSchedule(catalog, name);
   return *s;
 }
 
@@ -172,22 +181,41 @@ int CmdScheduleAdd(const ScheduleArgs& a) {
   return kExitOk;
 }
 
-int CmdScheduleList() {
+int CmdScheduleList(const std::string& format) {
   auto catalog = OpenCatalog();
   std::vector<std::vector<std::string>> rows;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::vector<std::string> changed;
   for (const auto& s : catalog->ListSchedules()) {
-    std::string next = "-";
-    if (auto n = NextSlots(s, 1); !n.empty())
-      next = date::format("%F %R", std::chrono::floor<std::chrono::minutes>(n[0]));
+    auto n = NextSlots(s, 1);
+    auto minute = [&](const char* f) {
+      return date::format(f, std::chrono::floor<std::chrono::minutes>(n[0]));
+    };
     FileCheck f = CheckFile(s);
     std::string snapshot = f.state == FileCheck::State::kUnchanged ? "= file"
                            : f.state == FileCheck::State::kChanged ? "file changed"
                                                                    : "file not here";
     if (f.state == FileCheck::State::kChanged) changed.push_back(s.name);
+    out.push_back({{"name", s.name},
+                   {"file", s.file},
+                   {"file_state", std::string(ToString(f.state))},
+                   {"project", OrNull(s.project)},
+                   {"cron", s.cron},
+                   {"tz", s.tz},
+                   {"catchup", s.catchup},
+                   {"state", s.paused ? "paused" : "active"},
+                   {"next_at", n.empty() ? nlohmann::json(nullptr) : nlohmann::json(minute("%FT%RZ"))},
+                   {"fires", s.fires},
+                   {"last_run_id", IdOrNull(s.last_run)},
+                   {"params", StoredParams(s)},
+                   {"speed", s.speed}});
     rows.push_back({s.name, s.file, snapshot, s.cron, s.tz, s.catchup,
-                    s.paused ? "paused" : "active", next, std::to_string(s.fires),
-                    s.last_run ? std::to_string(s.last_run) : "-"});
+                    s.paused ? "paused" : "active", n.empty() ? "-" : minute("%F %R"),
+                    std::to_string(s.fires), s.last_run ? std::to_string(s.last_run) : "-"});
+  }
+  if (format == "json") {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
   }
   if (rows.empty()) {
     std::cout << "no schedules; add one with `trnflow schedule add NAME FILE --cron EXPR`\n";
@@ -223,8 +251,8 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
   if (format == "json") {
     nlohmann::ordered_json j;
     j["name"] = s.name;
-    j["pipeline"] = pipeline;
-    j["project"] = project;
+    j["pipeline"] = OrNull(pipeline);
+    j["project"] = OrNull(project);
     j["state"] = s.paused ? "paused" : "active";
     j["cron"] = s.cron;
     j["tz"] = s.tz;
@@ -238,7 +266,7 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
       j["first_difference"] = {
           {"line", f.first_line}, {"snapshot", f.snapshot_line}, {"file", f.file_line}};
     j["snapshot_sha256"] = sha;
-    j["snapshot_taken_at"] = s.updated_at;
+    j["snapshot_taken_at"] = OrNull(s.updated_at);
     j["snapshot_valid"] = loaded.pipeline.has_value();
     if (!loaded.pipeline) j["snapshot_errors"] = loaded.diagnostics.Format();
     j["created_at"] = s.created_at;
@@ -269,7 +297,7 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
             << "  pipeline   " << (pipeline.empty() ? "?" : pipeline) << ", project "
             << (project.empty() ? "?" : project) << "\n"
             << "  cron       " << s.cron << " (" << s.tz << "), catch-up " << s.catchup
-            << ", speed " << s.speed << "\n"
+            << ", speed " << Number(s.speed) << "\n"
             << "  params     " << (ps.empty() ? "-" : ps) << "\n"
             << "  next       "
             << (s.paused ? "- (paused)" : nexts.empty() ? std::string("never") : nexts) << "\n"
@@ -362,16 +390,24 @@ int CmdScheduleUpdate(const ScheduleUpdateArgs& a) {
 
 int CmdSchedulePause(const std::string& name, bool paused) {
   auto catalog = OpenCatalog();
-  if (!catalog->SetSchedulePaused(name, paused))
-    throw UserError("no schedule " + name + "; `trnflow schedule ls` lists them");
+  if (!catalog->SetSchedulePaused(name, paused)) throw NoSchedule(*catalog, name);
   std::cout << "schedule " << name << (paused ? " paused" : " resumed (from now on)") << "\n";
   return kExitOk;
 }
 
-int CmdScheduleRemove(const std::string& name) {
+int CmdScheduleRemove(const std::string& name, const DeleteArgs& del) {
   auto catalog = OpenCatalog();
-  if (!catalog->RemoveSchedule(name))
-    throw UserError("no schedule " + name + "; `trnflow schedule ls` lists them");
+  auto all = catalog->ListSchedules();
+  auto it = std::find_if(all.begin(), all.end(), [&](const auto& s) { return s.name == name; });
+  if (it == all.end()) throw NoSchedule(*catalog, name);
+  if (del.dry_run) {
+    std::cout << "would remove schedule " << name << " (" << it->file << " at \"" << it->cron
+              << "\", fired " << it->fires << " times); dry run: nothing was removed\n";
+    return kExitOk;
+  }
+  if (!Confirm("remove schedule " + name + " (" + it->file + " at \"" + it->cron + "\")?", del.yes))
+    return Declined();
+  if (!catalog->RemoveSchedule(name)) throw NoSchedule(*catalog, name);
   std::cout << "schedule " << name << " removed\n";
   return kExitOk;
 }

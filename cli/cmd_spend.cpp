@@ -1,4 +1,5 @@
 // trnflow spend / budget / project: the money and who may see it.
+#include <algorithm>
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -25,15 +26,17 @@ std::vector<std::string> SplitFields(const std::string& s) {
 std::string ReadDate(const std::string& flag, const std::string& d) {
   static const std::regex date(R"(\d{4}-\d{2}-\d{2})");
   if (d.empty() || std::regex_match(d, date)) return d;
-  std::optional<double> ago;
-  if (!d.empty() && d.back() == 'w') {
-    if (auto days = ParseDuration(d.substr(0, d.size() - 1) + "d")) ago = *days * 7;
-  } else {
-    ago = ParseDuration(d);
+  double ago = 0;
+  try {
+    ago = ParseDurationFlag(flag, d);
+  } catch (const UserError&) {
+    ago = -1;
   }
-  if (!ago || *ago <= 0 || *ago > 100 * 365 * 86400.0)
-    throw UserError(flag + " " + d + ": expected a date like 2026-11-01 or a time ago like 7d");
-  std::time_t t = std::time(nullptr) - static_cast<std::time_t>(*ago);
+  if (ago <= 0 || ago > 100 * 365 * 86400.0)
+    throw UserError(flag + " " + d +
+                    ": expected a date like 2026-11-01 or a time ago with its unit, like 7d, "
+                    "12h or 2w");
+  std::time_t t = std::time(nullptr) - static_cast<std::time_t>(ago);
   char buf[16];
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
   return buf;
@@ -54,12 +57,13 @@ int CmdSpend(const SpendArgs& a) {
   schema::SpendQuery q{a.project, a.pipeline, ReadDate("--since", a.since),
                        ReadDate("--until", a.until), SplitFields(a.by)};
   auto catalog = OpenCatalog();
+  RequireProject(*catalog, a.project);
   auto rows = catalog->Spend(q);
   if (a.format == "json") {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const auto& r : rows) {
       nlohmann::ordered_json j;
-      for (size_t i = 0; i < q.by.size(); ++i) j[q.by[i]] = r.keys[i];
+      for (size_t i = 0; i < q.by.size(); ++i) j[q.by[i]] = OrNull(r.keys[i]);
       j["attempts"] = r.attempts;
       j["billed_hours"] = r.billed_hours;
       j["cost_usd"] = Usd(r.cost);
@@ -170,19 +174,40 @@ int CmdBudgetSet(const std::string& project, const std::string& usd, const std::
   static const std::regex name("[a-z0-9][a-z0-9-]{0,62}");
   if (!std::regex_match(project, name)) throw UserError("invalid project name '" + project + "'");
   auto catalog = OpenCatalog();
-  if (!catalog->ProjectExists(project))
-    throw UserError("there is no project '" + project +
-                    "' (a budget for it would guard nothing); `trnflow project ls` lists them, "
-                    "`trnflow project add " +
-                    project + "` makes it");
+  if (!catalog->ProjectExists(project)) {
+    std::vector<std::string> names;
+    for (const auto& p : catalog->ListProjects()) names.push_back(p.name);
+    throw UserError("there is no project '" + project + "' (a budget for it would guard nothing)" +
+                    NameHint(project, names,
+                             "; `trnflow project ls` lists them, `trnflow project add " + project +
+                                 "` makes it"));
+  }
   catalog->SetBudget(project, amount, period);
   std::cout << "project " << project << ": budget " << amount.ToDollars() << " per "
             << (period == "month" ? "calendar month (UTC)" : "all time") << "\n";
   return kExitOk;
 }
 
-int CmdBudgetRemove(const std::string& project) {
+int CmdBudgetRemove(const std::string& project, const DeleteArgs& del) {
   auto catalog = OpenCatalog();
+  auto budgets = catalog->ProjectBudgets();
+  auto it = std::find_if(budgets.begin(), budgets.end(),
+                         [&](const auto& b) { return b.project == project; });
+  if (it == budgets.end()) {
+    std::vector<std::string> names;
+    for (const auto& b : budgets) names.push_back(b.project);
+    throw UserError("project '" + project + "' has no budget" +
+                    NameHint(project, names, "; `trnflow budget ls` lists them"));
+  }
+  std::string what =
+      it->amount.ToDollars() + " per " + (it->period == "month" ? "month" : "all time");
+  if (del.dry_run) {
+    std::cout << "would remove project " << project << "'s budget (" << what
+              << "); dry run: nothing was removed\n";
+    return kExitOk;
+  }
+  if (!Confirm("remove project " + project + "'s budget (" + what + ")?", del.yes))
+    return Declined();
   if (!catalog->RemoveBudget(project))
     throw UserError("project '" + project + "' has no budget; `trnflow budget ls` lists them");
   std::cout << "project " << project << ": budget removed\n";
@@ -242,13 +267,24 @@ int CmdProjectGrant(const std::string& project, const std::string& role, bool wr
   return kExitOk;
 }
 
-int CmdProjectList() {
+int CmdProjectList(const std::string& format) {
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::vector<std::vector<std::string>> rows;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& p : catalog->ListProjects()) {
     std::string members;
     for (const auto& m : p.members) members += (members.empty() ? "" : ",") + m;
     rows.push_back({p.name, p.role, members, std::to_string(p.runs)});
+    out.push_back(
+        {{"project", p.name}, {"role", p.role}, {"members", p.members}, {"runs", p.runs}});
+  }
+  if (format == "json") {
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (rows.empty()) {
+    std::cout << "no projects; add one with `trnflow project add NAME`\n";
+    return kExitOk;
   }
   std::cout << Table({"PROJECT", "ROLE", "MEMBERS", ">RUNS"}, rows);
   return kExitOk;
@@ -280,18 +316,18 @@ void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
   }
   if (p.budget && estimate > *p.budget) {
     auto [est, cap] = TwoFigures(estimate, *p.budget);
-    throw UserError("the plan estimates " + est + unknown + ", over this run's budget_usd " + cap +
-                    " (see `trnflow plan`); raise budget_usd, or pass --force");
+    throw Refused("the plan estimates " + est + unknown + ", over this run's budget_usd " + cap +
+                  " (see `trnflow plan`); raise budget_usd, or pass --force");
   }
   auto budgets = catalog.ProjectBudgets(project);
   for (const auto& b : budgets) {
     Money left = b.amount - b.spent;
     if (estimate > left) {
       auto [est, rest] = TwoFigures(estimate, left);
-      throw UserError("the plan estimates " + est + unknown + " but project " + project + " has " +
-                      rest + " left of its " + b.period + " budget of " + b.amount.ToDollars() +
-                      " (" + b.spent.ToDollars() +
-                      " spent); raise it with `trnflow budget set`, or pass --force");
+      throw Refused("the plan estimates " + est + unknown + " but project " + project + " has " +
+                    rest + " left of its " + b.period + " budget of " + b.amount.ToDollars() +
+                    " (" + b.spent.ToDollars() +
+                    " spent); raise it with `trnflow budget set`, or pass --force");
     }
   }
   if (!unknown.empty() && (p.budget || !budgets.empty())) {

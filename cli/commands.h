@@ -1,6 +1,7 @@
 #pragma once
-// One function per subcommand; each returns the process exit code (INTERFACES.md) and may
-// throw UserError (exit 2) or CatalogUnavailable (exit 3), which main() reports.
+// One function per subcommand; each returns the process exit code (docs/cli.md) and may
+// throw UserError (exit 2), CatalogUnavailable (exit 3), PermissionDenied or Refused (exit 4),
+// which main() reports. `format` is "table" or "json" (docs/cli.md: the JSON rules).
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,12 +15,13 @@ struct WorkerOptions;
 
 namespace trnflow::cli {
 
-int CmdValidate(const std::vector<std::string>& files);
+int CmdValidate(const std::vector<std::string>& files, const std::string& format);
 int CmdPlan(const RunArgs& args);
 int CmdRun(const RunArgs& args);
 int CmdSubmit(const RunArgs& args);
 // execute: run the run's stages in this process too (as `run` does), not only follow it.
-int CmdWatch(const std::string& run, bool execute, const SandboxArgs& sandbox);
+int CmdWatch(const std::string& run, bool execute, const SandboxArgs& sandbox,
+             const std::string& format);
 int CmdCancel(const std::string& run);
 int CmdResume(const std::string& run);
 int CmdRetry(const std::string& run, const std::string& stage);
@@ -27,8 +29,11 @@ int CmdRuns(const std::string& project, const std::string& state, int limit,
             const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
 // follow: keep printing what the run's attempts write until the run ends (`logs -f`).
-int CmdLogs(const std::string& run, const std::string& stage, bool follow);
+int CmdLogs(const std::string& run, const std::string& stage, bool follow,
+            const std::string& format);
 int CmdInstances(const std::string& format, bool sources);
+// The models a stage may name (sim/models.yaml) with their architecture figures.
+int CmdModels(const std::string& format);
 int CmdDbMigrate();
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
 // The sandbox switches and limits from the flags and the environment; throws UserError on a
@@ -39,30 +44,32 @@ int CmdScheduler();
 int CmdSpend(const SpendArgs& args);
 int CmdEvents(const EventsArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
-int CmdBudgetRemove(const std::string& project);
+int CmdBudgetRemove(const std::string& project, const DeleteArgs& del);
 int CmdBudgetList(const std::string& format);
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
                   std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
                   std::optional<int64_t> job_uid);
 int CmdProjectGrant(const std::string& project, const std::string& role, bool write);
-int CmdProjectList();
+int CmdProjectList(const std::string& format);
 
 int CmdScheduleAdd(const ScheduleArgs& args);
-int CmdScheduleList();
+int CmdScheduleList(const std::string& format);
 int CmdScheduleShow(const std::string& name, const std::string& format);
 // Re-reads and validates the file (errors: exit 2, nothing written), then replaces the
 // snapshot, and params or cron when given.
 int CmdScheduleUpdate(const ScheduleUpdateArgs& args);
 int CmdSchedulePause(const std::string& name, bool paused);
-int CmdScheduleRemove(const std::string& name);
-int CmdCacheList();
-int CmdCacheShow(const std::string& key);
-int CmdCacheRemove(const std::string& key);
-int CmdCacheVerify();
-int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, bool dry_run);
-int CmdCacheWhy(const std::string& run, const std::string& stage);
+int CmdScheduleRemove(const std::string& name, const DeleteArgs& del);
+int CmdCacheList(const std::string& format);
+int CmdCacheShow(const std::string& key, const std::string& format);
+int CmdCacheRemove(const std::string& key, const DeleteArgs& del);
+int CmdCacheVerify(const DeleteArgs& del, const std::string& format);
+int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, const DeleteArgs& del,
+               const std::string& format);
+int CmdCacheWhy(const std::string& run, const std::string& stage, const std::string& format);
 // `cache trust PROJECT TRUSTED` / `cache untrust ...`; with `list`, the pairs instead.
-int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list);
+int CmdCacheTrust(const std::string& project, const std::string& trusted, bool trust, bool list,
+                  const std::string& format);
 
 int CmdExplain(const std::string& run, const std::string& stage, const std::string& format);
 // Ready stages of the run that no live worker can take, one sentence per pool and size.
@@ -73,8 +80,11 @@ std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run
                                            const std::string& stage);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
-// Throws UserError (nothing written) when the plan's total (EstimatePlan, the figure `plan`
-// prints) exceeds the budget left, unless forced.
+// The run as `trnflow show RUN --format json` prints it (`run` and `watch` with --format json
+// print it when the run ends).
+void PrintRunJson(schema::Catalog& catalog, int64_t run_id);
+// Throws Refused (exit 4, nothing written) when the plan's total (EstimatePlan, the figure
+// `plan` prints) exceeds the budget left, unless forced.
 void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
                    const pipelines::Plan& plan, const std::string& project, bool force);
 // The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the

@@ -1,13 +1,16 @@
 // trnflow: the command line. Parses arguments and hands each subcommand to its function;
-// maps errors to the exit codes of INTERFACES.md.
+// maps errors to the exit codes of docs/cli.md (one table), and suggests the closest command or
+// option after a typo.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "pipelines/diagnostics.h"
 
 using namespace trnflow;
 using namespace trnflow::cli;
@@ -21,11 +24,76 @@ CLI::Validator FiniteRange(double lo, double hi) {
         char* end = nullptr;
         double v = std::strtod(text.c_str(), &end);
         if (text.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
-          return "must be a finite number from " + CLI::detail::to_string(lo) + " to " +
-                 CLI::detail::to_string(hi) + ", not '" + text + "'";
+          return "must be a finite number from " + Number(lo) + " to " + Number(hi) + ", not '" +
+                 text + "'";
         return "";
       },
-      "NUMBER in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]");
+      "NUMBER in [" + Number(lo) + ", " + Number(hi) + "]");
+}
+
+// --format: how data is printed (docs/cli.md). Every command that prints data takes it.
+CLI::Option* AddFormat(CLI::App* cmd, std::string& format) {
+  return cmd->add_option("--format", format, "table (default) or json")
+      ->check(CLI::IsMember({"table", "json"}));
+}
+
+// --dry-run and --yes: every command that deletes takes both (docs/cli.md).
+void AddDeleteOptions(CLI::App* cmd, DeleteArgs& a) {
+  cmd->add_flag("--dry-run", a.dry_run, "say what would be removed; remove nothing");
+  cmd->add_flag("-y,--yes", a.yes, "do not ask for confirmation on a terminal");
+}
+
+// After a parse error: the word that is not a command of the command before it, or the
+// option that command does not have, with the closest name ("did you mean `runs`?").
+std::optional<std::string> Suggestion(CLI::App& app, int argc, char** argv) {
+  CLI::App* cur = &app;
+  std::string path = "trnflow";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") break;
+    if (a.size() > 1 && a[0] == '-') {
+      std::string name = a.substr(0, a.find('='));
+      if (name == "-h" || name == "--help") return std::nullopt;
+      const CLI::Option* opt = nullptr;
+      for (CLI::App* app_or_parent = cur; app_or_parent && !opt;
+           app_or_parent = app_or_parent->get_parent())
+        opt = app_or_parent->get_option_no_throw(name);
+      if (opt) {
+        if (opt->get_type_size() > 0 && a.find('=') == std::string::npos) ++i;  // its value
+        continue;
+      }
+      if (a.rfind("--", 0) != 0) continue;
+      std::vector<std::string> names;
+      for (const CLI::Option* o : cur->get_options())
+        for (const auto& l : o->get_lnames()) names.push_back("--" + l);
+      std::string close = pipelines::ClosestMatch(name, names);
+      return "`" + path + "` has no option " + name +
+             (close.empty() ? "" : "; did you mean `" + close + "`?") + " (`" + path +
+             " --help` lists them)";
+    }
+    auto subs = cur->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) continue;  // a positional argument of `cur`
+    CLI::App* next = nullptr;
+    std::vector<std::string> names;
+    for (CLI::App* sub : subs) {
+      names.push_back(sub->get_name());
+      if (sub->get_name() == a) next = sub;
+    }
+    if (!next) {
+      std::string close = pipelines::ClosestMatch(a, names);
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      return "unknown command '" + (path == "trnflow" ? a : path.substr(8) + " " + a) + "'" +
+             (close.empty()
+                  ? "; the commands: " + list
+                  : "; did you mean `" +
+                        (path == "trnflow" ? close : path.substr(8) + " " + close) + "`?") +
+             " (`" + path + " --help` lists them)";
+    }
+    cur = next;
+    path += " " + a;
+  }
+  return std::nullopt;
 }
 
 void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
@@ -65,21 +133,25 @@ int main(int argc, char** argv) {
   run->add_option("--pool", run_args.pools, "pool capacity in instances: NAME=N (repeatable)");
   run->add_flag("--force", run_args.force, "override budget admission");
   AddSandboxOptions(run, run_args.sandbox);
+  AddFormat(run, run_args.format)
+      ->description(
+          "table (default) or json: the finished run as `show --format json` prints it (progress "
+          "goes to stderr)");
 
   auto* submit = app.add_subcommand("submit", "submit a pipeline for the daemons to execute");
   AddRunOptions(submit, submit_args, true);
-  submit->add_option("--format", submit_args.format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(submit, submit_args.format);
   submit->add_flag("--force", submit_args.force, "override budget admission");
 
   std::vector<std::string> validate_files;
+  std::string validate_format = "table";
   auto* validate = app.add_subcommand("validate", "check pipeline files; writes nothing");
   validate->add_option("FILE", validate_files, "pipeline YAML files")->required();
+  AddFormat(validate, validate_format);
 
   auto* plan = app.add_subcommand("plan", "estimate time and cost per stage");
   AddRunOptions(plan, plan_args, false);
-  plan->add_option("--format", plan_args.format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(plan, plan_args.format);
 
   std::string runs_project, runs_state, runs_format = "table";
   int runs_limit = 50;
@@ -88,24 +160,22 @@ int main(int argc, char** argv) {
   runs->add_option("--state", runs_state, "only runs in this state")
       ->check(CLI::IsMember({"running", "succeeded", "failed", "cancelled"}));
   runs->add_option("--limit", runs_limit, "at most this many (default 50)");
-  runs->add_option("--format", runs_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(runs, runs_format);
 
   std::string show_run, show_stage, show_format = "table";
   auto* show = app.add_subcommand("show", "one run: stages, attempts, costs");
   show->add_option("RUN", show_run, "run id")->required();
-  show->add_option("--stage", show_stage, "list every attempt of this stage");
-  show->add_option("--format", show_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  show->add_option("--stage", show_stage,
+                   "list every attempt of this stage (a matrix stage: of every expansion)");
+  AddFormat(show, show_format);
 
   std::string explain_run, explain_stage, explain_format = "table";
   auto* explain = app.add_subcommand("explain", "why a stage is not running (or what it did)");
   explain->add_option("RUN", explain_run, "run id")->required();
   explain->add_option("STAGE", explain_stage, "stage name")->required();
-  explain->add_option("--format", explain_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(explain, explain_format);
 
-  std::string watch_run;
+  std::string watch_run, watch_format = "table";
   auto* watch = app.add_subcommand("watch", "follow a run live until it ends");
   watch->add_option("RUN", watch_run, "run id")->required();
   bool watch_execute = false;
@@ -113,6 +183,10 @@ int main(int argc, char** argv) {
                   "also run its stages in this process, as `run` does (no daemons needed)");
   SandboxArgs watch_sandbox;
   AddSandboxOptions(watch, watch_sandbox);
+  AddFormat(watch, watch_format)
+      ->description(
+          "table (default) or json: the finished run as `show --format json` prints it "
+          "(progress goes to stderr)");
 
   std::string cancel_run;
   auto* cancel =
@@ -130,26 +204,33 @@ int main(int argc, char** argv) {
   retry->add_option("STAGE", retry_stage, "stage name (a matrix stage: all its expansions)")
       ->required();
 
-  std::string logs_run, logs_stage;
+  std::string logs_run, logs_stage, logs_format = "table";
   auto* logs = app.add_subcommand("logs", "captured output of a run's stages");
   logs->add_option("RUN", logs_run, "run id")->required();
-  logs->add_option("STAGE", logs_stage, "only this stage");
+  logs->add_option("STAGE", logs_stage, "only this stage (a matrix stage: every expansion)");
   bool logs_follow = false;
   logs->add_flag("-f,--follow", logs_follow, "keep printing new output until the run ends");
+  AddFormat(logs, logs_format);
 
   std::string instances_format = "table";
   bool instances_sources = false;
   auto* instances = app.add_subcommand("instances", "the hardware catalog with prices");
-  instances->add_option("--format", instances_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(instances, instances_format);
   instances->add_flag("--sources", instances_sources, "list the source of every figure");
+
+  std::string models_format = "table";
+  auto* models =
+      app.add_subcommand("models", "the models a stage may name, with their architecture figures");
+  AddFormat(models, models_format);
 
   SpendArgs spend_args;
   auto* spend = app.add_subcommand("spend", "spend report from the ledger");
   spend->add_option("--project", spend_args.project, "only this project");
   spend->add_option("--pipeline", spend_args.pipeline, "only this pipeline");
-  spend->add_option("--since", spend_args.since, "from this day (YYYY-MM-DD, UTC)");
-  spend->add_option("--until", spend_args.until, "to this day, inclusive (YYYY-MM-DD, UTC)");
+  spend->add_option("--since", spend_args.since,
+                    "from this day (YYYY-MM-DD, UTC) or a time ago with its unit (7d, 12h, 2w)");
+  spend->add_option("--until", spend_args.until,
+                    "to this day, inclusive (YYYY-MM-DD, UTC) or a time ago (1d)");
   spend->add_option("--by", spend_args.by,
                     "group by any of project,pipeline,run,stage,kind,instance,market,day,month");
   spend->add_option("--format", spend_args.format, "table, csv or json")
@@ -166,22 +247,22 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"budget", "interruption", "capacity", "lost"}));
   events->add_option("--limit", events_args.limit, "the newest this many (default 100)")
       ->check(CLI::Range(1, 100000));
-  events->add_option("--format", events_args.format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(events, events_args.format);
 
   auto* budget = app.add_subcommand("budget", "project budgets");
   budget->require_subcommand(1);
   std::string budget_project, budget_usd, budget_period = "month", budget_format = "table";
   auto* budget_rm = budget->add_subcommand("rm", "remove a project's budget");
   budget_rm->add_option("PROJECT", budget_project, "project")->required();
+  DeleteArgs budget_rm_args;
+  AddDeleteOptions(budget_rm, budget_rm_args);
   auto* budget_set = budget->add_subcommand("set", "set a project's budget");
   budget_set->add_option("PROJECT", budget_project, "project")->required();
   budget_set->add_option("USD", budget_usd, "dollars per period")->required();
   budget_set->add_option("--period", budget_period, "month (default, UTC) or total")
       ->check(CLI::IsMember({"month", "total"}));
   auto* budget_ls = budget->add_subcommand("ls", "budgets with what is spent and left");
-  budget_ls->add_option("--format", budget_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(budget_ls, budget_format);
 
   auto* project = app.add_subcommand("project", "projects and their PostgreSQL roles");
   project->require_subcommand(1);
@@ -220,6 +301,8 @@ int main(int argc, char** argv) {
       project_grant->add_flag("--write", grant_write, "also submit, cancel, retry, resume");
   read_flag->excludes(write_flag);
   auto* project_ls = project->add_subcommand("ls", "projects, roles and members");
+  std::string project_format = "table";
+  AddFormat(project_ls, project_format);
   auto* schedule = app.add_subcommand("schedule", "cron schedules (nightly precompilation)");
   schedule->require_subcommand(1);
   ScheduleArgs sched_args;
@@ -237,12 +320,12 @@ int main(int argc, char** argv) {
   sched_add->add_option("--speed", sched_args.run.speed, "simulated seconds per wall second");
   auto* sched_ls = schedule->add_subcommand("ls", "schedules with their next slot");
   std::string sched_format = "table";
+  AddFormat(sched_ls, sched_format);
   auto* sched_show = schedule->add_subcommand(
       "show", "a schedule: its pipeline snapshot, params, next slots, last fire, and whether "
               "the file differs from the snapshot");
   sched_show->add_option("NAME", sched_name, "schedule")->required();
-  sched_show->add_option("--format", sched_format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}));
+  AddFormat(sched_show, sched_format);
   ScheduleUpdateArgs sched_update_args;
   auto* sched_update = schedule->add_subcommand(
       "update", "re-read the pipeline file (or --file), validate it, replace the snapshot");
@@ -260,25 +343,35 @@ int main(int argc, char** argv) {
   sched_resume->add_option("NAME", sched_name, "schedule")->required();
   auto* sched_rm = schedule->add_subcommand("rm", "remove a schedule");
   sched_rm->add_option("NAME", sched_name, "schedule")->required();
+  DeleteArgs sched_rm_args;
+  AddDeleteOptions(sched_rm, sched_rm_args);
 
   auto* cache = app.add_subcommand(
       "cache", "the artifact cache: compiled graphs (NEFFs) and stages with cache: true");
   cache->require_subcommand(1);
   std::string cache_key, gc_max_bytes, gc_older_than, why_run, why_stage;
+  std::string cache_format = "table";
+  DeleteArgs cache_del;
   auto* cache_ls = cache->add_subcommand("ls", "entries: key, model, shapes, target, bytes, hits");
+  AddFormat(cache_ls, cache_format);
   auto* cache_show = cache->add_subcommand("show", "one entry and the inputs of its key");
-  cache_show->add_option("KEY", cache_key, "key (or its first characters)")->required();
+  cache_show->add_option("KEY", cache_key, "key or digest (or their first characters)")->required();
+  AddFormat(cache_show, cache_format);
   auto* cache_rm = cache->add_subcommand(
       "rm", "remove an entry (its files only when they lie inside the store)");
-  cache_rm->add_option("KEY", cache_key, "key (or its first characters)")->required();
+  cache_rm->add_option("KEY", cache_key, "key or digest (or their first characters)")->required();
+  AddDeleteOptions(cache_rm, cache_del);
   auto* cache_verify = cache->add_subcommand("verify", "re-hash every entry; drop corrupt ones");
+  AddDeleteOptions(cache_verify, cache_del);
+  AddFormat(cache_verify, cache_format);
   auto* cache_gc = cache->add_subcommand("gc", "remove least recently used entries");
   cache_gc->add_option("--max-bytes", gc_max_bytes,
                        "keep at most this much: bytes, or 500MB, 1GB (powers of 1000), 1G, 1GiB "
                        "(powers of 1024)");
-  bool gc_dry_run = false;
-  cache_gc->add_flag("--dry-run", gc_dry_run, "say what would be removed; remove nothing");
-  cache_gc->add_option("--older-than", gc_older_than, "remove entries unused for this long (30d)");
+  AddDeleteOptions(cache_gc, cache_del);
+  cache_gc->add_option("--older-than", gc_older_than,
+                       "remove entries unused for this long, with its unit (30d, 12h, 2w)");
+  AddFormat(cache_gc, cache_format);
   std::string trust_project, trust_trusted;
   bool trust_list = false;
   auto* cache_trust = cache->add_subcommand(
@@ -288,24 +381,26 @@ int main(int argc, char** argv) {
   cache_trust->add_option("PROJECT", trust_project, "the project that is served");
   cache_trust->add_option("TRUSTED", trust_trusted, "the project whose entries it may use");
   cache_trust->add_flag("--list", trust_list, "list who trusts whom");
+  AddFormat(cache_trust, cache_format);
   auto* cache_untrust = cache->add_subcommand("untrust", "undo `cache trust PROJECT TRUSTED`");
   cache_untrust->add_option("PROJECT", trust_project, "project")->required();
   cache_untrust->add_option("TRUSTED", trust_trusted, "the project it trusted")->required();
   auto* cache_why = cache->add_subcommand("why", "why a stage missed the cache");
   cache_why->add_option("RUN", why_run, "run id")->required();
   cache_why->add_option("STAGE", why_stage, "stage name")->required();
+  AddFormat(cache_why, cache_format);
 
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
 
   std::vector<std::string> worker_pools;
-  double lease_s = 15;
+  std::string lease = "15s";
   auto* worker = app.add_subcommand("worker", "worker daemon: claims and runs stages");
   worker->add_option("--pool", worker_pools, "pool capacity in instances: NAME=N (repeatable)")
       ->required();
-  worker->add_option("--lease", lease_s, "lease length in seconds (default 15)")
-      ->check(FiniteRange(1, 3600));
+  worker->add_option("--lease", lease,
+                     "lease length: 15s (default), 1m; from 1s to 1h (a bare number is seconds)");
   SandboxArgs worker_sandbox;
   AddSandboxOptions(worker, worker_sandbox);
 
@@ -314,6 +409,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0)
+      if (auto hint = Suggestion(app, argc, argv)) {
+        std::cerr << "trnflow: error: " << *hint << "\n";
+        return kExitBadInput;
+      }
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitBadInput;
   }
@@ -322,40 +422,43 @@ int main(int argc, char** argv) {
   try {
     if (run->parsed()) return CmdRun(run_args);
     if (submit->parsed()) return CmdSubmit(submit_args);
-    if (validate->parsed()) return CmdValidate(validate_files);
+    if (validate->parsed()) return CmdValidate(validate_files, validate_format);
     if (plan->parsed()) return CmdPlan(plan_args);
     if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
-    if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox);
+    if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox, watch_format);
     if (explain->parsed()) return CmdExplain(explain_run, explain_stage, explain_format);
     if (cancel->parsed()) return CmdCancel(cancel_run);
     if (resume->parsed()) return CmdResume(resume_run);
     if (retry->parsed()) return CmdRetry(retry_run, retry_stage);
-    if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_follow);
+    if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_follow, logs_format);
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
+    if (models->parsed()) return CmdModels(models_format);
     if (migrate->parsed()) return CmdDbMigrate();
     if (spend->parsed()) return CmdSpend(spend_args);
     if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
-    if (sched_ls->parsed()) return CmdScheduleList();
+    if (sched_ls->parsed()) return CmdScheduleList(sched_format);
     if (sched_show->parsed()) return CmdScheduleShow(sched_name, sched_format);
     if (sched_update->parsed()) return CmdScheduleUpdate(sched_update_args);
     if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
     if (sched_resume->parsed()) return CmdSchedulePause(sched_name, false);
-    if (sched_rm->parsed()) return CmdScheduleRemove(sched_name);
-    if (cache_ls->parsed()) return CmdCacheList();
-    if (cache_show->parsed()) return CmdCacheShow(cache_key);
-    if (cache_rm->parsed()) return CmdCacheRemove(cache_key);
-    if (cache_verify->parsed()) return CmdCacheVerify();
-    if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than, gc_dry_run);
-    if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage);
+    if (sched_rm->parsed()) return CmdScheduleRemove(sched_name, sched_rm_args);
+    if (cache_ls->parsed()) return CmdCacheList(cache_format);
+    if (cache_show->parsed()) return CmdCacheShow(cache_key, cache_format);
+    if (cache_rm->parsed()) return CmdCacheRemove(cache_key, cache_del);
+    if (cache_verify->parsed()) return CmdCacheVerify(cache_del, cache_format);
+    if (cache_gc->parsed()) return CmdCacheGc(gc_max_bytes, gc_older_than, cache_del, cache_format);
+    if (cache_why->parsed()) return CmdCacheWhy(why_run, why_stage, cache_format);
     if (cache_trust->parsed())
       return CmdCacheTrust(trust_project, trust_trusted, true,
-                           trust_list || (trust_project.empty() && trust_trusted.empty()));
-    if (cache_untrust->parsed()) return CmdCacheTrust(trust_project, trust_trusted, false, false);
+                           trust_list || (trust_project.empty() && trust_trusted.empty()),
+                           cache_format);
+    if (cache_untrust->parsed())
+      return CmdCacheTrust(trust_project, trust_trusted, false, false, "table");
     if (budget_set->parsed()) return CmdBudgetSet(budget_project, budget_usd, budget_period);
     if (budget_ls->parsed()) return CmdBudgetList(budget_format);
-    if (budget_rm->parsed()) return CmdBudgetRemove(budget_project);
+    if (budget_rm->parsed()) return CmdBudgetRemove(budget_project, budget_rm_args);
     if (project_add->parsed())
       return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages,
                            job_uid);
@@ -363,8 +466,16 @@ int main(int argc, char** argv) {
       if (!grant_read && !grant_write) throw UserError("say --read or --write");
       return CmdProjectGrant(project_name, grant_role, grant_write);
     }
-    if (project_ls->parsed()) return CmdProjectList();
-    if (worker->parsed()) return CmdWorker(worker_pools, lease_s, worker_sandbox);
+    if (project_ls->parsed()) return CmdProjectList(project_format);
+    if (worker->parsed()) {
+      // Seconds when bare (its old grammar), else a duration with its unit.
+      char* end = nullptr;
+      double lease_s = std::strtod(lease.c_str(), &end);
+      if (lease.empty() || *end != '\0') lease_s = ParseDurationFlag("--lease", lease);
+      if (!std::isfinite(lease_s) || lease_s < 1 || lease_s > 3600)
+        throw UserError("--lease " + lease + ": must be from 1s to 1h");
+      return CmdWorker(worker_pools, lease_s, worker_sandbox);
+    }
     if (sched->parsed()) return CmdScheduler();
   } catch (const UserError& e) {
     std::cerr << "trnflow: error: " << e.what() << "\n";
@@ -374,6 +485,9 @@ int main(int argc, char** argv) {
     return kExitNoCatalog;
   } catch (const PermissionDenied& e) {
     std::cerr << "trnflow: " << e.what() << "\n";
+    return kExitPermissionDenied;
+  } catch (const Refused& e) {
+    std::cerr << "trnflow: refused: " << e.what() << "\n";
     return kExitPermissionDenied;
   } catch (const std::exception& e) {
     std::cerr << "trnflow: internal error: " << e.what() << "\n";

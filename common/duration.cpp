@@ -1,6 +1,7 @@
 #include "common/duration.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -51,6 +52,24 @@ std::optional<double> ParseDuration(std::string_view text) {
   }
   if (!(total > 0) || !std::isfinite(total)) return std::nullopt;
   return total;
+}
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds > 0)) return "0s";
+  char buf[64];
+  if (seconds < 60) {
+    std::snprintf(buf, sizeof buf, "%gs", std::round(seconds * 1000) / 1000);
+    return buf;
+  }
+  if (!std::isfinite(seconds) || seconds > 1e12) return "forever";
+  auto s = static_cast<long long>(std::llround(seconds));
+  std::string out;
+  for (auto [unit, size] : {std::pair{'d', 86400LL}, {'h', 3600LL}, {'m', 60LL}, {'s', 1LL}})
+    if (s >= size) {
+      out += std::to_string(s / size) + unit;
+      s %= size;
+    }
+  return out;
 }
 
 }  // namespace trnflow

@@ -128,6 +128,26 @@ const std::vector<std::string> kCommonStageKeys = {"kind",   "needs", "instance"
                                                    "cache",  "env",   "matrix",     "description"};
 const std::vector<std::string> kDefaultsKeys = {"instance",   "count",   "market", "retry",
                                                 "checkpoint", "timeout", "cache",  "env"};
+// The fields of the mappings nested in a pipeline, by the key that holds them (in the root,
+// `defaults:` or a stage). The parser rejects any other key with these tables, and
+// AcceptedKeys() lists them, so the reference (docs/pipeline-format.md) cannot drift.
+const std::map<std::string, std::vector<std::string>> kNestedKeys = {
+    {"simulation", {"spot_rate_multiplier"}},
+    {"retry", {"max_attempts", "on", "backoff", "spot"}},
+    {"backoff", {"initial", "factor", "max"}},
+    {"spot", {"max_interruptions", "then"}},
+    {"checkpoint", {"every", "on_notice"}},
+    {"model",
+     {"name", "parameters", "layers", "hidden", "heads", "kv_heads", "vocab", "context",
+      "architecture"}},
+    {"parallelism", {"tp", "pp"}},
+};
+const std::vector<std::string>& NestedKeys(const std::string& parent) {
+  return kNestedKeys.at(parent);
+}
+// Mappings whose keys the user chooses: listed in AcceptedKeys() under a placeholder.
+const std::map<std::string, std::string> kFreeKeys = {
+    {"params", "<name>"}, {"env", "<NAME>"}, {"matrix", "<key>"}};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
     {StageKind::kRun, {"run", "shell", "outputs", "secrets", "estimate"}},
     {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
@@ -474,10 +494,7 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
     return std::nullopt;
   }
   if (!ExpectMap(n, "model")) return std::nullopt;
-  const auto typos = CheckMap(n,
-                              {"name", "parameters", "layers", "hidden", "heads", "kv_heads",
-                               "vocab", "context", "architecture"},
-                              "model");
+  const auto typos = CheckMap(n, NestedKeys("model"), "model");
   sim::Model m;
   bool ok = true;
   for (const char* key : {"name", "parameters", "layers", "hidden"})
@@ -518,7 +535,7 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
 
 void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out) {
   if (!ExpectMap(n, "retry")) return;
-  CheckMap(n, {"max_attempts", "on", "backoff", "spot"}, "retry");
+  CheckMap(n, NestedKeys("retry"), "retry");
   if (n["max_attempts"])
     if (auto v = Integer(n["max_attempts"], "retry.max_attempts", scope, 1, 100))
       out->max_attempts = *v;
@@ -545,7 +562,7 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
   }
   if (const auto& b = n["backoff"]) {
     if (ExpectMap(b, "retry.backoff")) {
-      CheckMap(b, {"initial", "factor", "max"}, "retry.backoff");
+      CheckMap(b, NestedKeys("backoff"), "retry.backoff");
       if (b["initial"])
         if (auto v = Duration(b["initial"], "retry.backoff.initial", scope))
           out->backoff.initial_s = *v;
@@ -558,7 +575,7 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
   }
   if (const auto& s = n["spot"]) {
     if (ExpectMap(s, "retry.spot")) {
-      CheckMap(s, {"max_interruptions", "then"}, "retry.spot");
+      CheckMap(s, NestedKeys("spot"), "retry.spot");
       if (s["max_interruptions"])
         if (auto v =
                 Integer(s["max_interruptions"], "retry.spot.max_interruptions", scope, 0, 1000))
@@ -656,7 +673,7 @@ void Parser::ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope,
 
 void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out) {
   if (!ExpectMap(n, "checkpoint")) return;
-  CheckMap(n, {"every", "on_notice"}, "checkpoint");
+  CheckMap(n, NestedKeys("checkpoint"), "checkpoint");
   if (n["every"])
     if (auto v = Duration(n["every"], "checkpoint.every", scope)) out->every_s = *v;
   if (n["on_notice"])
@@ -830,10 +847,8 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
     return;
   }
   st.spec.kind = *kind;
-  std::vector<std::string> allowed = kCommonStageKeys;
-  const auto& extra = kKindKeys.at(*kind);
-  allowed.insert(allowed.end(), extra.begin(), extra.end());
-  const std::set<std::string> typos = CheckMap(n, allowed, "stage '" + st.base_name + "'");
+  const std::set<std::string> typos =
+      CheckMap(n, AcceptedStageKeys(*kind), "stage '" + st.base_name + "'");
   for (auto it = n.begin(); it != n.end(); ++it)
     if (it->first.IsScalar()) st.fields.emplace(it->first.Scalar(), At(it->second, At(it->first)));
   // A required field is missing only if it is not there under a misspelled name either.
@@ -992,7 +1007,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node&
       }
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
       if (const YAML::Node& par = n["parallelism"]; par && ExpectMap(par, "parallelism")) {
-        CheckMap(par, {"tp", "pp"}, "parallelism");
+        CheckMap(par, NestedKeys("parallelism"), "parallelism");
         if (par["tp"])
           if (auto v = Integer(par["tp"], "parallelism.tp", scope, 1, 1024)) w.tp = *v;
         if (par["pp"])
@@ -1323,7 +1338,7 @@ LoadResult Parser::Run() {
       p_.budget = Money::FromUsd(*v);
   if (const YAML::Node& sim = root["simulation"]) {
     if (ExpectMap(sim, "simulation")) {
-      CheckMap(sim, {"spot_rate_multiplier"}, "simulation");
+      CheckMap(sim, NestedKeys("simulation"), "simulation");
       if (sim["spot_rate_multiplier"])
         if (auto v =
                 Number(sim["spot_rate_multiplier"], "simulation.spot_rate_multiplier", top, 0, 1e6))
@@ -1364,6 +1379,38 @@ const Stage* Pipeline::Find(const std::string& name) const {
   for (const auto& s : stages)
     if (s.spec.name == name) return &s;
   return nullptr;
+}
+
+namespace {
+// `prefix` + `key`, and every key nested under it.
+void AddKey(std::vector<std::string>& out, const std::string& prefix, const std::string& key) {
+  out.push_back(prefix + key);
+  if (auto it = kNestedKeys.find(key); it != kNestedKeys.end())
+    for (const auto& sub : it->second) AddKey(out, prefix + key + ".", sub);
+  if (auto it = kFreeKeys.find(key); it != kFreeKeys.end())
+    out.push_back(prefix + key + "." + it->second);
+}
+}  // namespace
+
+std::vector<std::string> AcceptedKeys() {
+  std::vector<std::string> out;
+  for (const auto& k : kRootKeys)
+    if (k != "defaults" && k != "stages") AddKey(out, "", k);
+  out.push_back("defaults");
+  for (const auto& k : kDefaultsKeys) AddKey(out, "defaults.", k);
+  out.push_back("stages");
+  out.push_back("stages.<name>");
+  std::set<std::string> stage_keys(kCommonStageKeys.begin(), kCommonStageKeys.end());
+  for (const auto& [kind, keys] : kKindKeys) stage_keys.insert(keys.begin(), keys.end());
+  for (const auto& k : stage_keys) AddKey(out, "stages.<name>.", k);
+  return out;
+}
+
+std::vector<std::string> AcceptedStageKeys(StageKind kind) {
+  std::vector<std::string> out = kCommonStageKeys;
+  const auto& extra = kKindKeys.at(kind);
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
 }
 
 LoadResult ParsePipeline(const std::string& text, const std::string& file,

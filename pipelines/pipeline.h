@@ -64,6 +64,16 @@ LoadResult LoadPipelineFile(const std::string& path, const LoadOptions& options)
 LoadResult ParsePipeline(const std::string& text, const std::string& file,
                          const LoadOptions& options);
 
+// Every key a pipeline file may hold, as dotted paths from the root: "pipeline",
+// "defaults.retry.backoff.initial", "stages.<name>.retry.max_attempts". Keys the user chooses
+// appear as placeholders: "params.<name>", "stages.<name>.env.<NAME>",
+// "stages.<name>.matrix.<key>". Built from the same tables the parser rejects unknown keys
+// with, so a field cannot be accepted without being listed (docs/pipeline-format.md is
+// checked against this list).
+std::vector<std::string> AcceptedKeys();
+// The fields a stage of `kind` may have (the common ones and its kind's own).
+std::vector<std::string> AcceptedStageKeys(StageKind kind);
+
 // The version of the (simulated) Neuron compiler; part of every compile cache key.
 inline constexpr const char* kCompilerVersion = "neuronx-cc 2.15.128 (simulated)";
 // The canonical JSON of everything that changes a compiled graph, and nothing else: the

@@ -105,7 +105,9 @@ TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
   schema::Catalog c(TestDatabase::url());
   std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
   Result r = Trnflow("run examples/climate/pipeline.yaml --project tight");
-  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 4) << "refused, not bad input (docs/cli.md#exit-codes): " << r.out
+                            << r.err;
+  EXPECT_NE(r.err.find("trnflow: refused: the plan estimates"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("project tight has $10.00 left of its month budget of $10.00"),
             std::string::npos)
       << r.err;

@@ -28,6 +28,7 @@
 #include <random>
 #include <thread>
 
+#include "common/duration.h"
 #include "common/log.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
@@ -345,8 +346,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   if (timed_out) {
     r.outcome = Outcome::kTimeout;
-    r.message = "timed out after " + std::to_string(static_cast<int>(ctx.spec.timeout_s)) +
-                " simulated seconds";
+    r.message = "timed out after " + FormatDuration(ctx.spec.timeout_s) + " (simulated)";
     partial();
     return r;
   }

@@ -254,7 +254,7 @@ stages:
             0);
   std::string before = runs();
   CliResult over = RunTrnflow("submit " + file + " --format json");
-  EXPECT_EQ(over.exit_code, 2) << over.out;
+  EXPECT_EQ(over.exit_code, 4) << "refused (docs/cli.md#exit-codes): " << over.out;
   // Cents for people, unless cents would show the two figures as one.
   auto shown = [&](int64_t micros, int64_t other) {
     auto cents = [](int64_t m) {

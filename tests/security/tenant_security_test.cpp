@@ -192,7 +192,8 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
   schema::Catalog daemon(TestDatabase::url());
   std::string runs = daemon.QueryValue("SELECT count(*) FROM trnflow.runs");
   CliResult r = RunTrnflow("submit " + WriteTempFile("sweep.yaml", y));
-  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 4) << "a quota refuses, like a budget (docs/cli.md#exit-codes): " << r.out
+                            << r.err;
   EXPECT_NE(r.err.find("the run has 6 stages; project \"ten-q\" allows at most 5 per run"),
             std::string::npos)
       << r.err;
