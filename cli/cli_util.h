@@ -19,9 +19,19 @@ inline constexpr double kDefaultSpeed = 7200;  // two simulated hours per wall s
 inline constexpr int64_t kDefaultSeed = 7;
 
 // The job sandbox's switches, shared by `run` and `worker` (docs/security.md).
+// trnflow worker --executor slurm and its switches (docs/executors.md).
+struct ExecutorArgs {
+  std::string executor = "local";  // local | slurm
+  std::string partition, account, shared_dir;
+  bool spot_partition = false;
+};
+
+// How the stages a command runs are run: the sandbox, and where (every command that runs
+// stages: run, watch --execute, worker).
 struct SandboxArgs {
   bool no_sandbox = false;  // or TRNFLOW_SANDBOX=off
   std::string job_limits;   // as=16G,nproc=1024,... over TRNFLOW_JOB_LIMITS and the defaults
+  ExecutorArgs executor;
 };
 
 struct RunArgs {

@@ -1,7 +1,17 @@
-// trnflow db migrate / worker / scheduler.
+// trnflow db migrate / worker / scheduler / exec-stage.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
@@ -10,6 +20,7 @@
 #include "common/log.h"
 #include "scheduler/scheduler.h"
 #include "sim/catalog.h"
+#include "workers/executor.h"
 #include "workers/worker.h"
 
 namespace trnflow::cli {
@@ -31,6 +42,45 @@ int CmdDbMigrate() {
   return kExitOk;
 }
 
+namespace {
+// The Slurm executor's options, checked against the cluster: a partition it does not have is
+// the operator's error now, not every job's later.
+workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
+  workers::SlurmOptions s;
+  s.partition = a.partition;
+  s.account = a.account;
+  s.spot_partition = a.spot_partition;
+  s.shared_dir = a.shared_dir.empty() ? HomeDir() + "/slurm" : a.shared_dir;
+  s.trnflow_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string partitions;
+  int status = -1;
+  if (FILE* p = ::popen("sinfo -h -o %R 2>&1", "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) partitions.append(buf, n);
+    status = ::pclose(p);
+  }
+  while (!partitions.empty() && partitions.back() == '\n') partitions.pop_back();
+  if (status != 0)
+    throw UserError("--executor slurm: cannot reach Slurm (sinfo: " + partitions +
+                    "); is SLURM_CONF set? ops/slurm.sh up starts a one-host cluster");
+  if (!a.partition.empty()) {
+    std::vector<std::string> names;
+    std::istringstream in(partitions);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) names.push_back(line);
+    if (std::find(names.begin(), names.end(), a.partition) == names.end())
+      throw UserError("--partition " + a.partition + ": Slurm has no such partition" +
+                      NameHint(a.partition, names, "; `sinfo` lists them"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(s.shared_dir, ec);
+  if (ec) throw UserError("--shared-dir " + s.shared_dir + ": " + ec.message());
+  ::chmod(s.shared_dir.c_str(), 0711);  // jobs reach their own attempt's directory by name
+  return s;
+}
+
+}  // namespace
+
 void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
   o.sandbox = !args.no_sandbox && workers::SandboxRequestedByEnvironment();
   if (const char* dir = std::getenv("TRNFLOW_SECRETS_DIR"); dir && *dir) o.secrets_dir = dir;
@@ -39,6 +89,12 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
       throw UserError("TRNFLOW_JOB_LIMITS: " + e);
   if (std::string e = workers::ParseJobLimits(args.job_limits, o.job_limits); !e.empty())
     throw UserError("--job-limits: " + e);
+  const ExecutorArgs& ex = args.executor;
+  if (ex.executor != "slurm" && (!ex.partition.empty() || !ex.account.empty() ||
+                                 !ex.shared_dir.empty() || ex.spot_partition))
+    throw UserError("--partition, --account, --shared-dir and --spot-partition are for "
+                    "--executor slurm");
+  if (ex.executor == "slurm") o.slurm = SlurmFromArgs(ex);
 }
 
 int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
@@ -71,6 +127,70 @@ int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
   Logger("workers")->info("signal received: stopping (grace {:.0f}s)", o.shutdown_grace_s);
   worker.Stop();
   return kExitOk;
+}
+
+namespace {
+std::atomic<int> g_exec_stop{0};
+std::atomic<bool> g_exec_noticed{false};
+extern "C" void OnExecSignal(int sig) {
+  if (sig == SIGUSR1) g_exec_noticed = true;
+  g_exec_stop = static_cast<int>(workers::StopReason::kCancelled);
+}
+}  // namespace
+
+int CmdExecStage(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::ifstream in(fs::path(dir) / "context.json");
+  if (!in) throw UserError(dir + "/context.json: cannot read it (exec-stage runs what a worker wrote)");
+  nlohmann::json c = nlohmann::json::parse(in);
+  workers::ExecContext ctx;
+  ctx.spec = StageSpecFromJson(c.at("spec").dump());
+  ctx.run_id = c.at("run_id").get<int64_t>();
+  ctx.attempt = c.at("attempt").get<int>();
+  ctx.market = ParseMarket(c.at("market").get<std::string>()).value_or(Market::kOnDemand);
+  ctx.instance_count = c.at("instance_count").get<int>();
+  ctx.progress = c.at("progress").get<double>();
+  ctx.speed = c.at("speed").get<double>();
+  ctx.seed = c.at("seed").get<uint64_t>();
+  ctx.spot_rate_multiplier = c.at("spot_rate_multiplier").get<double>();
+  double cap = c.at("spend_cap_s").get<double>();
+  if (cap >= 0) ctx.spend_cap_s = cap;
+  ctx.stop = &g_exec_stop;
+  std::signal(SIGUSR1, OnExecSignal);
+  std::signal(SIGTERM, OnExecSignal);
+  std::signal(SIGINT, OnExecSignal);
+  // The same lines a command prints: the worker reads them from the job's output.
+  double said = -1, saved = ctx.progress;
+  ctx.report_progress = [&](const workers::LiveProgress& p) {
+    if (p.checkpointed > saved) {
+      saved = p.checkpointed;
+      std::printf("::progress %.6f\n::checkpoint sim:%.6f\n", saved, saved);
+    }
+    if (p.progress - said >= 0.005) {
+      said = p.progress;
+      std::printf("::progress %.6f\n", said);
+    }
+    std::fflush(stdout);
+  };
+  workers::ExecResult r = workers::SimExecutor().Run(ctx);
+  if (g_exec_noticed && r.outcome == Outcome::kCancelled) r.outcome = Outcome::kSpotInterruption;
+  nlohmann::json out = {{"outcome", std::string(ToString(r.outcome))},
+                        {"sim_seconds", r.sim_seconds},
+                        {"progress_to", r.progress_to},
+                        {"lost_fraction", r.lost_fraction},
+                        {"message", r.message},
+                        {"ran_instance", r.ran_instance}};
+  std::printf("%s: %s%s%s\n", ctx.spec.name.c_str(), std::string(ToString(r.outcome)).c_str(),
+              r.message.empty() ? "" : ": ", r.message.c_str());
+  std::fflush(stdout);
+  fs::path tmp = fs::path(dir) / ".result.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << out.dump() << "\n";
+    if (!f) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, fs::path(dir) / "result.json");
+  return r.outcome == Outcome::kSucceeded ? kExitOk : kExitRunFailed;
 }
 
 int CmdScheduler() {

@@ -36,8 +36,13 @@ int CmdInstances(const std::string& format, bool sources);
 int CmdModels(const std::string& format);
 int CmdDbMigrate();
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
-// The sandbox switches and limits from the flags and the environment; throws UserError on a
-// malformed limit.
+// Runs one simulated attempt described by DIR/context.json in this process, printing
+// ::progress and ::checkpoint lines, and writes DIR/result.json: what a Slurm job runs for a
+// simulated stage (docs/executors.md). Hidden from --help: the worker's tool, not a person's.
+int CmdExecStage(const std::string& dir);
+// The sandbox switches and limits from the flags and the environment, and the executor
+// (--executor slurm, checked against the cluster); throws UserError on a malformed limit or
+// a partition Slurm does not have.
 void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& options);
 int CmdScheduler();
 

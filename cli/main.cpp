@@ -102,6 +102,19 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
   cmd->add_option("--job-limits", a.job_limits,
                   "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M "
                   "(or TRNFLOW_JOB_LIMITS)");
+  ExecutorArgs& e = a.executor;
+  cmd->add_option("--executor", e.executor,
+                  "where stages run: local (this host, default) or slurm (one batch job per "
+                  "attempt; SLURM_CONF as usual)")
+      ->check(CLI::IsMember({"local", "slurm"}));
+  cmd->add_option("--partition", e.partition,
+                  "slurm: the partition jobs go to (default: the cluster's default)");
+  cmd->add_option("--account", e.account, "slurm: the account jobs charge");
+  cmd->add_option("--shared-dir", e.shared_dir,
+                  "slurm: a directory every node sees, for the attempts' wrappers "
+                  "(default: $TRNFLOW_HOME/slurm)");
+  cmd->add_flag("--spot-partition", e.spot_partition,
+                "slurm: the partition is spot capacity (a node failure is an interruption)");
 }
 
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {
@@ -404,6 +417,11 @@ int main(int argc, char** argv) {
   SandboxArgs worker_sandbox;
   AddSandboxOptions(worker, worker_sandbox);
 
+  std::string exec_stage_dir;
+  auto* exec_stage = app.add_subcommand("exec-stage", "");  // hidden: what a Slurm job runs
+  exec_stage->group("");
+  exec_stage->add_option("DIR", exec_stage_dir, "the attempt's directory")->required();
+
   auto* sched = app.add_subcommand("scheduler", "scheduler daemon (several may run; one leads)");
 
   try {
@@ -477,6 +495,7 @@ int main(int argc, char** argv) {
       return CmdWorker(worker_pools, lease_s, worker_sandbox);
     }
     if (sched->parsed()) return CmdScheduler();
+    if (exec_stage->parsed()) return CmdExecStage(exec_stage_dir);
   } catch (const UserError& e) {
     std::cerr << "trnflow: error: " << e.what() << "\n";
     return kExitBadInput;

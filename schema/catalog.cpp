@@ -578,6 +578,16 @@ std::vector<BudgetReservation> Catalog::ReserveBudgets(
   });
 }
 
+bool Catalog::RecordExecutorJob(int64_t stage_id, int attempt, const std::string& worker_id,
+                                const std::string& job) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "RecordExecutorJob", stage_id, attempt, job, worker_id);
+    tx.commit();
+    return r.affected_rows() == 1;
+  });
+}
+
 std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s,
                                                const std::vector<LiveReport>& reports) {
   std::vector<int64_t> ids;

@@ -367,6 +367,10 @@ class Catalog {
   // Renews the leases of the stages this worker runs (one report each) and returns those it
   // still holds; an in-flight stage missing here was taken over. Records what each attempt
   // said of itself: a checkpoint moves its stage's resume point forward at once.
+  // Stores the executor's id for a running attempt (a Slurm job id) if `worker_id` still holds
+  // its lease; false otherwise.
+  bool RecordExecutorJob(int64_t stage_id, int attempt, const std::string& worker_id,
+                         const std::string& job);
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
                                         const std::vector<LiveReport>& reports);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,

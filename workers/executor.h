@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "common/money.h"
@@ -36,6 +37,7 @@ struct LiveProgress {
 struct ExecContext {
   StageSpec spec;
   int64_t run_id = 0;
+  int64_t stage_id = 0;
   int attempt = 1;
   Market market = Market::kOnDemand;
   int instance_count = 1;
@@ -63,6 +65,9 @@ struct ExecContext {
   std::function<void(const std::string&)> report_metrics;
   // The attempt's latest LiveProgress; may be called often, from the executor's thread.
   std::function<void(const LiveProgress&)> report_progress;
+  // An executor that hands the attempt to another system (a Slurm job id) records its id here
+  // as soon as it has one, fenced on the lease, so a worker taking the stage over finds it.
+  std::function<void(const std::string&)> record_executor_job;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
 };
 
@@ -92,5 +97,32 @@ class ProcessExecutor final : public Executor {
  public:
   ExecResult Run(const ExecContext& ctx) override;
 };
+
+// Where and how the Slurm executor submits (trnflow worker --executor slurm).
+struct SlurmOptions {
+  std::string partition;       // "": the cluster's default partition
+  std::string account;         // "": the user's default account
+  std::string shared_dir;      // attempts' wrappers and files; every node must see it
+  std::string trnflow_binary;  // what a job runs for a simulated stage (exec-stage)
+  bool spot_partition = false;  // a node failure there is the market reclaiming it
+  double poll_s = 1;            // one squeue per this, for all of the worker's jobs
+  int submit_tries = 6;         // sbatch when the controller does not answer, with backoff
+};
+
+// Runs every kind of stage as one Slurm batch job per attempt (docs/executors.md).
+class SlurmExecutor final : public Executor {
+ public:
+  explicit SlurmExecutor(SlurmOptions options);
+  ~SlurmExecutor() override;
+  ExecResult Run(const ExecContext& ctx) override;
+
+ private:
+  struct Monitor;
+  SlurmOptions opt_;
+  std::unique_ptr<Monitor> monitor_;
+};
+
+// trnflow-r<run>-s<stage>-a<attempt>: one squeue --name finds every job of a stage.
+std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt);
 
 }  // namespace trnflow::workers

@@ -30,12 +30,6 @@ std::string Errno(const std::string& what, int err = errno) {
   return what + ": " + std::strerror(err);
 }
 
-std::string SafeName(std::string s) {
-  for (char& c : s)
-    if (c == '/' || c == ' ') c = '_';
-  return s;
-}
-
 // Closes a descriptor when it goes out of scope.
 struct Fd {
   int fd = -1;
@@ -318,6 +312,12 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home) {
   }
   *job_home = ctx.run_dir + "/.home/" + name;
   return "";
+}
+
+std::string SafeName(std::string s) {
+  for (char& c : s)
+    if (c == '/' || c == ' ') c = '_';
+  return s;
 }
 
 std::map<std::string, std::string> JobEnvironment(const ExecContext& ctx,

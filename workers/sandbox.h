@@ -76,6 +76,9 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home);
 std::map<std::string, std::string> JobEnvironment(const ExecContext& ctx,
                                                   const std::string& job_home);
 
+// A stage name as one path component: '/' and ' ' become '_' (logs, checkpoints, attempts).
+std::string SafeName(std::string s);
+
 // PATH of every job; also where a bare command name is looked up.
 inline constexpr const char* kJobPath = "/usr/local/bin:/usr/bin:/bin";
 

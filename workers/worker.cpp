@@ -56,12 +56,6 @@ uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ULL) {
   return h;
 }
 
-std::string SafeName(std::string s) {
-  for (char& c : s)
-    if (c == '/' || c == ' ') c = '_';
-  return s;
-}
-
 // What this attempt's useful work would have cost on the GPU baseline (p4d.24xlarge, same
 // market and count), plus its waste, which the market would have caused either way. Stages
 // the baseline does not change (commands, compiles, no progress) cost the same there.
@@ -160,6 +154,12 @@ struct Worker::Impl {
 
   SimExecutor sim_executor;
   ProcessExecutor process_executor;
+  std::unique_ptr<SlurmExecutor> slurm_executor;  // opt.slurm: it runs every stage
+
+  // Who runs a simulated stage here: this process, or a Slurm job.
+  Executor& Simulated() {
+    return slurm_executor ? static_cast<Executor&>(*slurm_executor) : sim_executor;
+  }
 
   // Runs `body` with this thread's catalog, re-opening the connection with backoff until it
   // works or the worker stops. Returns false if it gave up because the worker is stopping.
@@ -446,6 +446,7 @@ struct Worker::Impl {
     ExecContext ctx;
     ctx.spec = c.spec;
     ctx.run_id = c.run_id;
+    ctx.stage_id = c.stage_id;
     ctx.attempt = c.attempt;
     ctx.market = c.market;
     ctx.instance_count = c.instance_count;
@@ -471,6 +472,18 @@ struct Worker::Impl {
       std::scoped_lock lock(run->metrics_mu);
       run->metrics = json;
       run->metrics_dirty = true;
+    };
+    ctx.record_executor_job = [this, &c](const std::string& job) {
+      try {
+        schema::Catalog cat(opt.database_url);
+        if (!cat.RecordExecutorJob(c.stage_id, c.attempt, id, job))
+          log->warn("stage={} attempt={}: job {} not recorded: the lease is gone", c.stage_id,
+                    c.attempt, job);
+      } catch (const std::exception& e) {
+        // The job is found by its name (SlurmJobName) if its id never reaches the catalog.
+        log->warn("stage={} attempt={}: job {} not recorded: {}", c.stage_id, c.attempt, job,
+                  e.what());
+      }
     };
     ctx.report_progress = [run](const LiveProgress& p) {
       std::scoped_lock lock(run->metrics_mu);
@@ -533,8 +546,8 @@ struct Worker::Impl {
   // Runs a stage outside the cache. A run: stage that declared its outputs gets their digest,
   // or fails when one is missing.
   ExecResult RunStage(const ExecContext& ctx) {
-    if (ctx.spec.kind != StageKind::kRun) return sim_executor.Run(ctx);
-    ExecResult er = process_executor.Run(ctx);
+    if (ctx.spec.kind != StageKind::kRun) return Simulated().Run(ctx);
+    ExecResult er = slurm_executor ? slurm_executor->Run(ctx) : process_executor.Run(ctx);
     if (er.outcome == Outcome::kSucceeded && ctx.spec.command.outputs) {
       try {
         er.output_digest = OutputsDigest(ctx.run_dir, *ctx.spec.command.outputs);
@@ -680,7 +693,7 @@ struct Worker::Impl {
     w.what = "compiled graph";
     w.poison_failures = true;
     w.build = [&] {
-      ExecResult er = sim_executor.Run(ctx);
+      ExecResult er = Simulated().Run(ctx);
       StoredArtifact a;
       if (er.outcome == Outcome::kSucceeded) {
         sim::Workload wl = sim::WorkloadFromJson(c.spec.workload_json);
@@ -832,6 +845,7 @@ void Worker::Start() {
                     " is not a valid unprivileged uid");
   if (std::string e = PrepareHome(w.opt.home, sandbox.enabled); !e.empty()) throw UserError(e);
   w.sandboxed = sandbox.enabled;
+  if (w.opt.slurm) w.slurm_executor = std::make_unique<SlurmExecutor>(*w.opt.slurm);
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
   std::unique_ptr<schema::Catalog> cat;

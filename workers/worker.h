@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "workers/executor.h"
 #include "workers/sandbox.h"
 
 namespace trnflow::workers {
@@ -49,6 +51,9 @@ struct WorkerOptions {
   // stage's id; true means the attempt succeeded at once (a no-op stage, as job-queue
   // benchmarks use no-op handlers). Everything else (claim, ledger, release) is as always.
   std::function<bool(int64_t stage_id)> noop_executor;
+  // Set: every stage runs as a Slurm batch job (trnflow worker --executor slurm); the worker
+  // still claims, leases, heartbeats and commits.
+  std::optional<SlurmOptions> slurm;
 };
 
 class Worker {

@@ -237,3 +237,11 @@ WHERE s.state = 'running' AND s.lease_expires_at < now()
 ORDER BY s.lease_expires_at
 LIMIT 1000
 FOR UPDATE OF s SKIP LOCKED;
+
+-- name: RecordExecutorJob
+-- The executor's job id of a running attempt, only while this worker holds its lease.
+UPDATE trnflow.attempts a SET executor_job = $3
+FROM trnflow.stages s
+WHERE a.stage_id = $1 AND a.attempt = $2 AND a.outcome IS NULL
+  AND s.id = a.stage_id AND s.state = 'running' AND s.attempts = $2
+  AND s.lease_owner = $4::uuid

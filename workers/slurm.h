@@ -1,0 +1,86 @@
+#pragma once
+// What the Slurm executor reads from Slurm and from its job wrapper, and how it judges an
+// attempt from them. Pure: no processes, no clock; tests feed it captured output.
+//
+// Slurm's state alone cannot tell a preemption from a normal exit, nor a job that died from one
+// whose wrapper has not written yet: the wrapper's files (begin, notice, exit, written
+// atomically in the attempt's directory) are the truth, and Slurm's state says what happened
+// when the wrapper could not write (node lost, time limit, cancelled before it started).
+#include <map>
+#include <optional>
+#include <string>
+
+#include "common/stage_spec.h"
+
+namespace trnflow::workers::slurm {
+
+// One job as `squeue -h -t all -o '%i|%T|%r'` or `sacct -P -n -o jobid,state,elapsed,nnodes,
+// exitcode` reports it.
+struct JobState {
+  std::string id;
+  std::string state;   // COMPLETED, RUNNING, CANCELLED (without " by N"), ...
+  std::string reason;  // squeue's %r ("None", "Resources", "launch failed requeued held")
+  int cancelled_by = -1;  // sacct's "CANCELLED by 0": the uid that cancelled, else -1
+  double elapsed_s = -1;  // sacct: wall time the job ran; -1 unknown
+  int nodes = 0;          // sacct: nodes it ran on; 0 unknown
+  int exit_code = -1;     // sacct's ExitCode "2:0" -> 2; -1 unknown
+  int exit_signal = 0;    // ... "0:9" -> 9
+};
+
+// `squeue -h -t all -j A,B -o '%i|%T|%r'`: one line per job; a reason may hold spaces. Job ids
+// missing from the answer are gone (finished longer ago than MinJobAge), not errors.
+std::map<std::string, JobState> ParseSqueue(const std::string& out);
+
+// `sacct -P -n -o jobid,state,elapsed,nnodes,exitcode` (or `sacct -c` on jobcomp/filetxt):
+// the allocation's line per job; step lines (1.batch, 1.0) are skipped.
+std::map<std::string, JobState> ParseSacct(const std::string& out);
+
+// "1-02:03:04", "02:03:04", "03:04", "00:00:01.500" -> seconds; -1 if unreadable.
+double ParseSlurmDuration(const std::string& text);
+
+// What the job wrapper left in the attempt's directory.
+struct WrapperFiles {
+  bool began = false;          // begin: the workload started
+  bool noticed = false;        // notice: USR1 came (the 2-minute warning) before it ended
+  std::optional<int> exit_code;  // exit: the workload's code (128 + N when killed by signal N)
+  double began_at = -1, exited_at = -1;  // their Unix times (to the nanosecond), -1 unknown
+};
+
+// The files' text: begin is "UNIXTIME [JOBID NODE]", exit is "CODE UNIXTIME".
+WrapperFiles ParseWrapperFiles(const std::optional<std::string>& begin, bool notice,
+                               const std::optional<std::string>& exit);
+
+// One look at an attempt: Slurm's answer for its job (nullopt: not in squeue's answer, gone)
+// and the wrapper's files.
+struct Observation {
+  std::optional<JobState> job;
+  WrapperFiles files;
+  bool slurm_reachable = true;  // false: squeue failed; nothing is concluded
+  bool spot_partition = false;  // NODE_FAIL there is the market taking the node back
+  bool we_cancelled = false;    // this worker asked scancel (cancel, budget stop)
+  double gone_for_s = 0;        // how long the job has been finished in Slurm without an exit file
+  double pending_for_s = 0;     // how long it has been PENDING
+};
+
+struct Verdict {
+  bool finished = false;  // false: keep watching (the lease is kept)
+  Outcome outcome = Outcome::kSucceeded;
+  std::string message;
+  bool cancel_job = false;  // scancel it first (held, or pending for good)
+};
+
+// Grace for the wrapper's exit file after Slurm says the job ended (shared file systems lag).
+inline constexpr double kExitFileGraceSeconds = 30;
+// A job pending for a reason that will not change by itself is refused capacity after this.
+inline constexpr double kImpossiblePendingSeconds = 60;
+
+Verdict Judge(const Observation& o);
+
+// True for squeue reasons that waiting cannot fix (the request exceeds what the partition or
+// its nodes can ever give).
+bool ImpossiblePendingReason(const std::string& reason);
+
+// sbatch's error output: true when trying again may work (the controller did not answer).
+bool TransientSubmitError(const std::string& err);
+
+}  // namespace trnflow::workers::slurm

@@ -1,0 +1,617 @@
+// Runs an attempt as one Slurm batch job (docs/executors.md). The worker still claims, leases,
+// heartbeats and commits; the job only runs the stage: a `run:` command directly, a simulated
+// stage through `trnflow exec-stage DIR`, which speaks the same ::progress/::checkpoint lines.
+//
+// Each attempt has a directory under the shared directory, seen by the worker and the compute
+// nodes: job.sh (the wrapper), env (the job's environment, NUL-separated, 0600), context.json
+// (simulated stages), output.log (what the workload prints; the worker copies it into the
+// attempt's log with secrets masked), and the wrapper's begin/notice/exit files. The job is
+// `sbatch --parsable --no-requeue`, named trnflow-r<run>-s<stage>-a<attempt>; its id is stored
+// on the attempt right after submit. Slurm is asked about all of this worker's jobs in one
+// squeue per tick, by a shared monitor thread.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/duration.h"
+#include "common/log.h"
+#include "workers/executor.h"
+#include "workers/slurm.h"
+
+extern char** environ;
+
+namespace trnflow::workers {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct ToolResult {
+  int code = -1;  // exit code; -1: could not run it (or it timed out)
+  std::string out, err;
+};
+
+// Runs a Slurm client tool with the worker's environment (SLURM_CONF), capturing its output,
+// killed after `timeout_s`.
+ToolResult RunTool(const std::vector<std::string>& argv, double timeout_s = 30) {
+  ToolResult r;
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return r;
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return r;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (rc != 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    r.err = argv[0] + ": " + std::strerror(rc);
+    return r;
+  }
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  int open = 2;
+  bool timed_out = false;
+  char buf[8192];
+  while (open > 0) {
+    int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    if (ms <= 0) {
+      timed_out = true;
+      break;
+    }
+    int n = ::poll(fds, 2, ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got > 0) {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    r.err = argv[0] + " did not answer in " + FormatDuration(timeout_s);
+    return r;
+  }
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
+  }
+  return q + "'";
+}
+
+// Writes `text` to `path` atomically (a temporary file renamed over it), with `mode`.
+void WriteFileAtomically(const fs::path& path, const std::string& text, mode_t mode) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fchmod(fd, mode);
+  ::close(fd);
+  fs::rename(tmp, path);
+}
+
+std::optional<std::string> ReadSmallFile(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return std::nullopt;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+slurm::WrapperFiles ReadWrapperFiles(const fs::path& dir) {
+  return slurm::ParseWrapperFiles(ReadSmallFile(dir / "begin"), fs::exists(dir / "notice"),
+                                  ReadSmallFile(dir / "exit"));
+}
+
+// The wrapper Slurm runs as the job's batch script. It records begin, notice and exit
+// atomically, runs the workload in a session (process group) of its own, as the job's uid,
+// with exactly the environment in `env`, and forwards Slurm's notice (USR1) and stop (TERM)
+// to the workload's group as TERM: the same signal the process executor sends at a notice.
+std::string WrapperScript(const fs::path& dir, const std::string& workdir,
+                          const JobIdentity& id, const JobLimits& limits,
+                          const std::vector<std::string>& argv) {
+  std::ostringstream s;
+  s << "#!/bin/bash\n"
+       "# Written by the trnflow worker for one attempt. Do not edit: the worker reads the\n"
+       "# files it writes (begin, notice, exit) to judge the attempt.\n"
+       "dir="
+    << ShellQuote(dir.string())
+    << "\n"
+       "put() { printf '%s\\n' \"$2\" > \"$dir/.$1.tmp\" && mv -f \"$dir/.$1.tmp\" \"$dir/$1\"; }\n"
+       "child=\n"
+       "forward() { [ -n \"$child\" ] && kill -TERM -- \"-$child\" 2>/dev/null; }\n"
+       "trap 'put notice \"$(date +%s)\"; forward' USR1\n"
+       "trap forward TERM\n"
+       "put begin \"$(date +%s.%N) ${SLURM_JOB_ID:-} ${SLURMD_NODENAME:-}\"\n"
+       "mapfile -d '' -t jobenv < \"$dir/env\"\n"
+       "cd "
+    << ShellQuote(workdir)
+    << " || { put exit 126; exit 126; }\n"
+       "ulimit -v "
+    << limits.address_space / 1024 << " -u " << limits.processes << " -f "
+    << limits.file_size / 512 << " -n " << limits.open_files
+    << " 2>/dev/null\n"
+       "setsid ";
+  if (id.switch_user)
+    s << "setpriv --reuid=" << id.uid << " --regid=" << id.gid
+      << " --clear-groups --pdeathsig=KILL ";
+  s << "env -i \"${jobenv[@]}\"";
+  for (const auto& a : argv) s << ' ' << ShellQuote(a);
+  s << " < /dev/null >> \"$dir/output.log\" 2>&1 &\n"
+       "child=$!\n"
+       "code=0\n"
+       "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; code=$?; done\n"
+       "wait \"$child\" 2>/dev/null; last=$?; [ \"$last\" -ne 127 ] && code=$last\n"
+       "put exit \"$code $(date +%s.%N)\"\n"
+       "exit \"$code\"\n";
+  return s.str();
+}
+
+}  // namespace
+
+// One squeue per tick for every job this worker watches; Run() calls wait for the next answer.
+struct SlurmExecutor::Monitor {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::multiset<std::string> watched;
+  std::map<std::string, slurm::JobState> last;
+  bool reachable = true;
+  uint64_t tick = 0;
+  bool stopping = false;
+  double poll_s;
+  std::thread thread;
+
+  explicit Monitor(double poll) : poll_s(poll) {
+    thread = std::thread([this] { Loop(); });
+  }
+  ~Monitor() {
+    {
+      std::scoped_lock lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  void Loop() {
+    auto log = Logger("workers.slurm");
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      if (watched.empty()) {
+        cv.wait_for(lock, std::chrono::duration<double>(poll_s));
+        continue;
+      }
+      std::string ids;
+      for (const auto& id : std::set<std::string>(watched.begin(), watched.end()))
+        ids += (ids.empty() ? "" : ",") + id;
+      lock.unlock();
+      ToolResult r = RunTool({"squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"});
+      lock.lock();
+      // One id that Slurm no longer knows makes squeue fail ("Invalid job id"): gone, not an
+      // error. Anything else is Slurm unreachable: nothing is concluded.
+      if (r.code == 0 || r.err.find("Invalid job id") != std::string::npos) {
+        last = slurm::ParseSqueue(r.out);
+        reachable = true;
+      } else {
+        if (reachable) log->warn("squeue failed ({}): keeping leases, concluding nothing", r.err);
+        reachable = false;
+      }
+      ++tick;
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::duration<double>(poll_s), [this] { return stopping; });
+    }
+  }
+  // Waits for the next answer after now; the job's state (nullopt: gone) and whether Slurm
+  // answered.
+  std::pair<std::optional<slurm::JobState>, bool> Next(const std::string& id) {
+    std::unique_lock lock(mu);
+    uint64_t seen = tick;
+    cv.wait_for(lock, std::chrono::duration<double>(poll_s * 4 + 30),
+                [&] { return tick > seen || stopping; });
+    std::optional<slurm::JobState> j;
+    if (auto it = last.find(id); it != last.end()) j = it->second;
+    return {j, reachable && tick > seen};
+  }
+  void Watch(const std::string& id) {
+    std::scoped_lock lock(mu);
+    watched.insert(id);
+    cv.notify_all();
+  }
+  void Unwatch(const std::string& id) {
+    std::scoped_lock lock(mu);
+    if (auto it = watched.find(id); it != watched.end()) watched.erase(it);
+  }
+};
+
+SlurmExecutor::SlurmExecutor(SlurmOptions o)
+    : opt_(std::move(o)), monitor_(std::make_unique<Monitor>(opt_.poll_s)) {}
+SlurmExecutor::~SlurmExecutor() = default;
+
+std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt) {
+  return "trnflow-r" + std::to_string(run_id) + "-s" + std::to_string(stage_id) + "-a" +
+         std::to_string(attempt);
+}
+
+ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
+  auto log = Logger("workers.slurm");
+  ExecResult r;
+  r.progress_to = ctx.progress;
+  auto infra = [&](std::string message) {
+    r.outcome = Outcome::kInfraError;
+    r.ran_instance = false;
+    r.message = std::move(message);
+    return r;
+  };
+  fs::path base = fs::path(opt_.shared_dir) / ("run-" + std::to_string(ctx.run_id));
+  auto attempt_dir = [&](int attempt) {
+    return base / (SafeName(ctx.spec.name) + ".attempt-" + std::to_string(attempt));
+  };
+
+  // A job of an earlier attempt of this stage still alive in Slurm (its worker died, perhaps
+  // between sbatch and storing the id) is adopted, never run twice: one job per attempt.
+  std::string job_id;
+  fs::path dir = attempt_dir(ctx.attempt);
+  if (ctx.attempt > 1) {
+    std::string names;
+    for (int a = 1; a < ctx.attempt; ++a)
+      names += (names.empty() ? "" : ",") + SlurmJobName(ctx.run_id, ctx.stage_id, a);
+    ToolResult q = RunTool({"squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+                            "--name=" + names, "-o", "%i|%j"});
+    if (q.code != 0) return infra("Slurm is unreachable (squeue: " + q.err + ")");
+    std::istringstream in(q.out);
+    for (std::string line; std::getline(in, line);) {
+      auto bar = line.find('|');
+      if (bar == std::string::npos) continue;
+      std::string name = line.substr(bar + 1);
+      int a = std::atoi(name.substr(name.rfind("-a") + 2).c_str());
+      job_id = line.substr(0, bar);
+      dir = attempt_dir(a);
+      log->info("stage={} attempt={}: adopting Slurm job {} of attempt {}", ctx.spec.name,
+                ctx.attempt, job_id, a);
+    }
+  }
+
+  std::string job_home;
+  if (std::string e = PrepareAttemptDirs(ctx, &job_home); !e.empty()) return infra("sandbox: " + e);
+  bool simulated = ctx.spec.kind != StageKind::kRun;
+  if (job_id.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // a previous life of this attempt that never reached sbatch
+    fs::create_directories(dir, ec);
+    if (ec) return infra("cannot create " + dir.string() + ": " + ec.message());
+    std::vector<std::string> argv;
+    if (simulated) {
+      nlohmann::json c = {{"spec", nlohmann::json::parse(ToJson(ctx.spec))},
+                          {"run_id", ctx.run_id},
+                          {"attempt", ctx.attempt},
+                          {"market", std::string(ToString(ctx.market))},
+                          {"instance_count", ctx.instance_count},
+                          {"progress", ctx.progress},
+                          {"speed", ctx.speed},
+                          {"seed", ctx.seed},
+                          {"spot_rate_multiplier", ctx.spot_rate_multiplier},
+                          {"spend_cap_s", std::isfinite(ctx.spend_cap_s) ? ctx.spend_cap_s : -1}};
+      WriteFileAtomically(dir / "context.json", c.dump(), 0644);
+      argv = {opt_.trnflow_binary, "exec-stage", dir.string()};
+    } else {
+      for (const auto& a : ctx.spec.command.argv)
+        argv.push_back(SubstituteRunExpressions(a, std::to_string(ctx.run_id), ctx.run_dir));
+      if (argv.empty()) {
+        r.outcome = Outcome::kUserError;
+        r.message = "empty command";
+        return r;
+      }
+      if (ctx.spec.command.shell) argv = {"/bin/sh", "-c", argv[0]};
+    }
+    std::string env;
+    for (const auto& [k, v] : JobEnvironment(ctx, job_home)) env += k + "=" + v + '\0';
+    WriteFileAtomically(dir / "env", env, 0600);
+    WriteFileAtomically(dir / "job.sh",
+                        WrapperScript(dir, ctx.workdir, ctx.identity, ctx.limits, argv), 0700);
+    WriteFileAtomically(dir / "output.log", "", 0644);
+    if (ctx.identity.switch_user) {
+      // The job writes its output and (simulated stages) its result here as its own uid.
+      if (::chown(dir.c_str(), ctx.identity.uid, ctx.identity.gid) != 0 ||
+          ::chown((dir / "output.log").c_str(), ctx.identity.uid, ctx.identity.gid) != 0)
+        return infra("cannot hand " + dir.string() + " to uid " + std::to_string(ctx.identity.uid));
+    }
+
+    std::vector<std::string> sbatch = {
+        "sbatch",      "--parsable",
+        "--no-requeue", "--job-name=" + SlurmJobName(ctx.run_id, ctx.stage_id, ctx.attempt),
+        "--nodes=" + std::to_string(ctx.instance_count),
+        "--output=" + (dir / "slurm.out").string(), "--chdir=" + dir.string(),
+        "--export=NONE", "--signal=B:USR1@120"};
+    if (!opt_.partition.empty()) sbatch.push_back("--partition=" + opt_.partition);
+    if (!opt_.account.empty()) sbatch.push_back("--account=" + opt_.account);
+    if (ctx.spec.timeout_s > 0) {
+      // Slurm's limit is in whole minutes of wall time, with room for the grace: trnflow's own
+      // clock ends the attempt at its timeout; Slurm's limit is the backstop.
+      double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 1;
+      sbatch.push_back("--time=" + std::to_string(static_cast<long>(wall_min)));
+    }
+    sbatch.push_back((dir / "job.sh").string());
+    // The controller not answering is retried with backoff; anything else is at once.
+    double backoff = 1;
+    for (int tries = 1;; ++tries) {
+      ToolResult s = RunTool(sbatch, 60);
+      if (s.code == 0) {
+        job_id = s.out.substr(0, s.out.find_first_of(";\n"));
+        break;
+      }
+      std::string err = s.err;
+      while (!err.empty() && err.back() == '\n') err.pop_back();
+      if (slurm::TransientSubmitError(err) && tries < opt_.submit_tries &&
+          ctx.stop_reason() == StopReason::kNone) {
+        log->warn("sbatch failed ({}), try {} of {}: again in {}", err, tries, opt_.submit_tries,
+                  FormatDuration(backoff));
+        std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+        backoff = std::min(backoff * 2, 30.0);
+        continue;
+      }
+      if (slurm::TransientSubmitError(err) || s.code < 0)
+        return infra("Slurm did not take the job after " + std::to_string(tries) +
+                     " tries: " + err);
+      r.outcome = Outcome::kUserError;
+      r.ran_instance = false;
+      r.message = "Slurm refused the job: " + err;
+      return r;
+    }
+    log->info("stage={} attempt={}: Slurm job {}", ctx.spec.name, ctx.attempt, job_id);
+  }
+  if (ctx.record_executor_job) ctx.record_executor_job(job_id);
+
+  // Watch it: the wrapper's files, the job's output (into the attempt's log), Slurm's state.
+  monitor_->Watch(job_id);
+  struct Unwatch {
+    Monitor* m;
+    std::string id;
+    ~Unwatch() { m->Unwatch(id); }
+  } unwatch{monitor_.get(), job_id};
+  double progress = ctx.progress, checkpointed = ctx.progress;
+  std::string last_line;
+  OutputCapture capture(ctx.log_path, ctx.limits.output, ctx.secrets, [&](const std::string& l) {
+    if (l.rfind("::progress ", 0) == 0) {
+      char* end = nullptr;
+      double p = std::strtod(l.c_str() + 11, &end);
+      if (end != l.c_str() + 11 && std::isfinite(p)) progress = std::clamp(p, 0.0, 1.0);
+    } else if (l.rfind("::checkpoint ", 0) == 0) {
+      checkpointed = progress;
+    } else if (l.find_first_not_of(" \t\r") != std::string::npos) {
+      last_line = l;
+    }
+  });
+  int out_fd = -1;
+  auto pump_output = [&] {
+    if (out_fd < 0) out_fd = ::open((dir / "output.log").c_str(), O_RDONLY | O_CLOEXEC);
+    if (out_fd < 0) return;
+    char buf[64 * 1024];
+    for (ssize_t n; (n = ::read(out_fd, buf, sizeof buf)) > 0;)
+      capture.Write(buf, static_cast<size_t>(n));
+  };
+  auto started = Clock::now();
+  auto wall = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
+  bool we_cancelled = false, stopped_here = false, timed_out = false, capped = false;
+  double gone_since = -1, pending_since = -1, began_at = -1;
+  slurm::Verdict verdict;
+  std::optional<slurm::JobState> job;
+  auto scancel = [&] {
+    ToolResult c = RunTool({"scancel", job_id});
+    if (c.code != 0) log->warn("scancel {} failed: {}", job_id, c.err);
+  };
+  while (true) {
+    auto [state, reachable] = monitor_->Next(job_id);
+    if (state) job = state;
+    pump_output();
+    slurm::Observation o;
+    o.job = state;
+    o.files = ReadWrapperFiles(dir);
+    o.slurm_reachable = reachable;
+    o.spot_partition = opt_.spot_partition;
+    o.we_cancelled = we_cancelled;
+    double now = wall();
+    if (o.files.began && began_at < 0) began_at = now;
+    bool ended_in_slurm =
+        reachable && (!state || (state->state != "PENDING" && state->state != "RUNNING" &&
+                                 state->state != "CONFIGURING" && state->state != "COMPLETING" &&
+                                 state->state != "SUSPENDED"));
+    if (ended_in_slurm && gone_since < 0) gone_since = now;
+    o.gone_for_s = gone_since < 0 ? 0 : now - gone_since;
+    if (state && state->state == "PENDING" && pending_since < 0) pending_since = now;
+    o.pending_for_s = pending_since < 0 ? 0 : now - pending_since;
+    verdict = slurm::Judge(o);
+    if (verdict.finished) break;
+
+    // trnflow's own reasons to end it: a stop, its timeout, its spend cap (simulated time runs
+    // from the workload's start at the run's speed).
+    double sim_now = began_at < 0 ? 0 : (now - began_at) * ctx.speed;
+    StopReason why = ctx.stop_reason();
+    if (why == StopReason::kLeaseLost || why == StopReason::kShutdown) {
+      // Not ours to end: whoever takes the stage over adopts the job.
+      stopped_here = true;
+      break;
+    }
+    if (!we_cancelled) {
+      if (why == StopReason::kCancelled || why == StopReason::kBudgetExceeded) {
+        we_cancelled = true;
+      } else if (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s) {
+        we_cancelled = timed_out = true;
+      } else if (sim_now >= ctx.spend_cap_s) {
+        we_cancelled = capped = true;
+      }
+      if (we_cancelled) scancel();
+    }
+    if (verdict.cancel_job) scancel();
+    if (ctx.report_progress && began_at >= 0) {
+      LiveProgress p;
+      p.progress = progress;
+      p.checkpointed = checkpointed;
+      p.sim_seconds = sim_now;
+      if (progress > ctx.progress && sim_now > 0)
+        p.eta_s = (1 - progress) * sim_now / (progress - ctx.progress);
+      ctx.report_progress(p);
+    }
+  }
+  if (verdict.cancel_job) scancel();
+  pump_output();
+  capture.Finish();
+  if (out_fd >= 0) ::close(out_fd);
+
+  // What it ran: the wrapper's own span from begin to exit (what Slurm's accounting measures, to
+  // the nanosecond instead of the second: at a run's speed of 7200 a second is two simulated
+  // hours); Slurm's accounting (sacct) when the wrapper could not record its exit (the node was
+  // lost, the job was killed); else the span this worker saw.
+  double elapsed = began_at < 0 ? 0 : wall() - began_at;
+  slurm::WrapperFiles last_files = ReadWrapperFiles(dir);
+  if (last_files.began_at > 0 && last_files.exited_at >= last_files.began_at) {
+    elapsed = last_files.exited_at - last_files.began_at;
+  } else if (!stopped_here) {
+    ToolResult a = RunTool({"sacct", "-n", "-P", "-j", job_id, "-o",
+                            "jobid,state,elapsed,nnodes,exitcode"});
+    auto rows = slurm::ParseSacct(a.out);
+    if (a.code != 0 || rows.count(job_id) == 0) {  // no slurmdbd: the jobcomp file
+      a = RunTool({"sacct", "-c", "-n", "-P", "-j", job_id, "-o",
+                   "jobid,state,elapsed,nnodes,exitcode"});
+      rows = slurm::ParseSacct(a.out);
+    }
+    if (auto it = rows.find(job_id); it != rows.end() && it->second.elapsed_s >= 0)
+      elapsed = it->second.elapsed_s;
+  }
+  r.sim_seconds = std::min(elapsed * ctx.speed, ctx.spend_cap_s);
+  r.ran_instance = began_at >= 0 || elapsed > 0;
+  auto partial = [&] {
+    r.progress_to = checkpointed;
+    double worked = progress - ctx.progress;
+    r.lost_fraction = worked > 0 ? std::clamp((progress - checkpointed) / worked, 0.0, 1.0) : 1.0;
+  };
+  std::string where = " (Slurm job " + job_id + ")";
+  if (stopped_here) {
+    r.outcome = Outcome::kCancelled;
+    r.message = "handed back; Slurm job " + job_id + " keeps running for whoever takes the stage";
+    partial();
+    return r;
+  }
+  if (capped) {
+    r.outcome = Outcome::kBudgetExceeded;
+    r.message = "cancelled at its spend cap: the budget is spent" + where;
+    partial();
+    return r;
+  }
+  if (timed_out) {
+    r.outcome = Outcome::kTimeout;
+    r.message = "timed out after " + FormatDuration(ctx.spec.timeout_s) + " (simulated)" + where;
+    partial();
+    return r;
+  }
+  r.outcome = verdict.outcome;
+  r.message = verdict.message;
+  // A simulated stage says itself how it ended, unless Slurm or the market cut it short.
+  if (simulated && verdict.outcome != Outcome::kSpotInterruption &&
+      verdict.outcome != Outcome::kCancelled) {
+    if (auto text = ReadSmallFile(dir / "result.json")) {
+      try {
+        auto j = nlohmann::json::parse(*text);
+        if (auto o = ParseOutcome(j.at("outcome").get<std::string>())) r.outcome = *o;
+        r.sim_seconds = j.at("sim_seconds").get<double>();
+        r.progress_to = j.at("progress_to").get<double>();
+        r.lost_fraction = j.at("lost_fraction").get<double>();
+        r.message = j.at("message").get<std::string>();
+        r.ran_instance = j.value("ran_instance", true);
+        r.message += (r.message.empty() ? "" : "; ") + std::string("Slurm job ") + job_id;
+        return r;
+      } catch (const std::exception& e) {
+        log->warn("{}: unreadable result ({}): judging by Slurm", (dir / "result.json").string(),
+                  e.what());
+      }
+    }
+  }
+  if (r.outcome == Outcome::kSucceeded) {
+    r.progress_to = 1;
+    r.message = "Slurm job " + job_id;
+    return r;
+  }
+  if (simulated && r.outcome == Outcome::kSpotInterruption) {
+    if (auto text = ReadSmallFile(dir / "result.json")) {
+      try {
+        auto j = nlohmann::json::parse(*text);
+        progress = std::max(progress, j.at("progress_to").get<double>());
+        checkpointed = std::max(checkpointed, j.at("progress_to").get<double>());
+      } catch (...) {
+      }
+    }
+  }
+  partial();
+  if (!last_line.empty() && (r.outcome == Outcome::kFailed || r.outcome == Outcome::kInfraError)) {
+    for (const auto& [name, value] : ctx.secrets)
+      for (size_t at; !value.empty() && (at = last_line.find(value)) != std::string::npos;)
+        last_line.replace(at, value.size(), "***");
+    if (last_line.size() > 200) last_line = last_line.substr(0, 200) + "...";
+    r.message += "; last output: \"" + last_line + "\"";
+  }
+  r.message += where;
+  if (r.outcome == Outcome::kFailed)
+    r.message += "; output in `trnflow logs " + std::to_string(ctx.run_id) + " " + ctx.spec.name + "`";
+  return r;
+}
+
+}  // namespace trnflow::workers
