@@ -95,12 +95,15 @@ up() {
     fi
   done
   for _ in $(seq 1 100); do
-    if [[ $(sinfo -h -o '%t' -N 2>/dev/null | grep -c -E '^(idle|mix|alloc)') -eq ${#nodes[@]} ]]; then
+    # One line per node of the default partition (sinfo -N repeats a node per partition).
+    if [[ $(sinfo -h -N -p batch -o '%t' 2>/dev/null | grep -c -E '^(idle|mix|alloc)$') -eq ${#nodes[@]} ]]; then
       echo "export SLURM_CONF=$conf"
       return 0
     fi
     # A node left down by an earlier run (killed slurmd) comes back when it answers again.
-    scontrol update nodename=node1,node2 state=resume >/dev/null 2>&1 || true
+    for n in $(sinfo -h -N -p batch -t down,drain -o '%N' 2>/dev/null); do
+      scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+    done
     sleep 0.2
   done
   sinfo -N >&2 || true
@@ -110,15 +113,16 @@ up() {
 
 down() {
   export SLURM_CONF="$conf"
-  local f
+  local f pids=()
   for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
-    if alive "$f"; then
-      local pid; pid=$(cat "$f")
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null || true
-    fi
+    if alive "$f"; then pids+=("$(cat "$f")"); fi
   done
+  ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 30); do  # 3 s to save their state, then they are killed
+    kill -0 "${pids[@]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  ((${#pids[@]})) && kill -9 "${pids[@]}" 2>/dev/null || true
   echo "slurm stopped (state in $dir)"
 }
 

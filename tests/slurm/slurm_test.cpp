@@ -1,0 +1,358 @@
+// The Slurm executor against a real Slurm: a one-host cluster (munge, slurmctld, two slurmd)
+// that this test program starts with ops/slurm.sh in a private directory on private ports, a
+// real PostgreSQL catalog, and the real binary as `trnflow run` or as daemons.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "schema/catalog.h"
+#include "tests/daemon.h"
+#include "tests/run_cli.h"
+#include "tests/test_db.h"
+
+namespace trnflow {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliHome;
+using testing::Daemon;
+using testing::RunTrnflow;
+using testing::TestDatabase;
+using testing::WaitFor;
+using testing::WriteTempFile;
+
+std::string Sh(const std::string& command, int* status = nullptr) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  int s = ::pclose(p);
+  if (status) *status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with ports of its
+// own (so a developer's cluster on the default ports is left alone).
+class SlurmCluster : public ::testing::Environment {
+ public:
+  static std::string env() {  // prefix for ops/slurm.sh commands
+    return "TRNFLOW_SLURM_DIR=" + dir() + " TRNFLOW_SLURM_PORT=" + std::to_string(port()) + " ";
+  }
+  static std::string dir() { return "/tmp/trnflow-slurm-test-" + std::to_string(getpid()); }
+  static int port() { return 18000 + static_cast<int>(getpid() % 500) * 4; }
+  void SetUp() override {
+    fs::remove_all(dir());
+    int status = 0;
+    std::string out = Sh(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
+    auto at = out.find("export SLURM_CONF=");
+    if (status != 0 || at == std::string::npos) {
+      // Fail the program: gtest would otherwise mark every test skipped and exit 0.
+      std::fprintf(stderr, "ops/slurm.sh up failed (exit %d):\n%s\n", status, out.c_str());
+      std::exit(1);
+    }
+    std::string conf = out.substr(at + 18);
+    conf = conf.substr(0, conf.find('\n'));
+    ::setenv("SLURM_CONF", conf.c_str(), 1);
+  }
+  void TearDown() override {
+    Sh(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh down");
+    fs::remove_all(dir());
+  }
+};
+
+[[maybe_unused]] auto* const kDatabase =
+    ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_slurm"));
+[[maybe_unused]] auto* const kCluster = ::testing::AddGlobalTestEnvironment(new SlurmCluster);
+
+std::string Query(const std::string& sql) {
+  schema::Catalog c(TestDatabase::owner_url());
+  return c.QueryValue(sql);
+}
+double QueryNumber(const std::string& sql) {
+  std::string v = Query(sql);
+  return v.empty() ? -1 : std::stod(v);
+}
+
+int64_t Submit(const std::string& yaml, const std::string& name) {
+  auto r = RunTrnflow("submit " + WriteTempFile(name + ".yaml", yaml) + " --speed 1 --format json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return std::stoll(nlohmann::json::parse(r.out)["run_id"].get<std::string>());
+}
+
+std::string StageId(int64_t run, const std::string& name) {
+  return "(SELECT id FROM trnflow.stages WHERE run_id = " + std::to_string(run) + " AND name = '" +
+         name + "')";
+}
+std::string AttemptCol(int64_t run, const std::string& stage, int attempt, const std::string& col) {
+  return Query("SELECT " + col + " FROM trnflow.attempts WHERE stage_id = " + StageId(run, stage) +
+               " AND attempt = " + std::to_string(attempt));
+}
+std::string RunState(int64_t run) {
+  return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+}
+// Slurm's own record of a job: squeue while it is known there.
+std::string JobState(const std::string& job) {
+  return Sh("squeue -h -t all -j " + job + " -o %T");
+}
+// Every job Slurm has recorded for a stage (its accounting, jobcomp/filetxt), by job name.
+int JobsOfStage(int64_t run, const std::string& stage) {
+  std::string prefix = "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a";
+  std::string out = Sh("sacct -c -n -P -S now-1day -o jobid,jobname");
+  std::string queued = Sh("squeue -h -t all -o '%i|%j'");
+  std::set<std::string> ids;
+  for (const std::string& text : {out, queued}) {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      if (line.find("|" + prefix) != std::string::npos) ids.insert(line.substr(0, line.find('|')));
+  }
+  return static_cast<int>(ids.size());
+}
+
+// `run --format json` prints the finished run as `show --format json` does.
+int64_t RunIdOf(const std::string& json) {
+  return std::stoll(nlohmann::json::parse(json)["run"]["run_id"].get<std::string>());
+}
+
+std::vector<std::string> DaemonEnv() { return {"TRNFLOW_HOME=" + CliHome()}; }
+
+std::unique_ptr<Daemon> SlurmWorker(const std::string& name, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"worker", "--pool", "cpu=4", "--lease", "3s", "--executor",
+                                   "slurm"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto w = std::make_unique<Daemon>(name, args, DaemonEnv());
+  w->Start();
+  return w;
+}
+
+// A run: stage, retried quickly when the market or the worker loses it.
+std::string OneStage(const std::string& pipeline, const std::string& command,
+                     const std::string& extra = "") {
+  std::string quoted;  // a YAML single-quoted scalar
+  for (char c : command) quoted += c == '\'' ? std::string("''") : std::string(1, c);
+  return "pipeline: " + pipeline +
+         "\n"
+         "project: slurm-lab\n"
+         "stages:\n"
+         "  work:\n"
+         "    run: '" +
+         quoted +
+         "'\n"
+         "    shell: true\n"
+         "    retry: {max_attempts: 1, backoff: {initial: 1s}}\n" +
+         extra;
+}
+
+TEST(Slurm, ACommandAndATwoNodeStageRunAsJobsWithTheirIdsAndCostRecorded) {
+  std::string yaml = R"yaml(pipeline: slurm-hello
+project: slurm-lab
+stages:
+  hello:
+    run: 'echo "hello from $(hostname)"; echo "::progress 1"'
+    shell: true
+  wide:
+    run: sleep 1
+    count: 2
+    needs: [hello]
+)yaml";
+  auto r = RunTrnflow("run " + WriteTempFile("hello.yaml", yaml) +
+                      " --speed 1 --executor slurm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  EXPECT_EQ(RunState(run), "succeeded");
+  for (const char* stage : {"hello", "wide"}) {
+    SCOPED_TRACE(stage);
+    std::string job = AttemptCol(run, stage, 1, "executor_job");
+    ASSERT_FALSE(job.empty()) << "the job id was not stored on the attempt";
+    // Slurm's accounting knows it under the attempt's name, completed.
+    std::string acct = Sh("sacct -c -n -P -j " + job + " -o jobname,state,nnodes");
+    EXPECT_EQ(acct.substr(0, acct.find('|')),
+              "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a1")
+        << acct;
+    EXPECT_NE(acct.find("|COMPLETED|"), std::string::npos) << acct;
+    // The ledger bills price × instances × max(60 s, what ran).
+    double billed = QueryNumber("SELECT billed_seconds FROM trnflow.attempts WHERE stage_id = " +
+                                StageId(run, stage));
+    EXPECT_GE(billed, 60);
+    double expect = QueryNumber(
+        "SELECT price_usd_hour * instance_count * billed_seconds / 3600 FROM trnflow.attempts "
+        "WHERE stage_id = " + StageId(run, stage));
+    EXPECT_NEAR(QueryNumber("SELECT cost_usd FROM trnflow.attempts WHERE stage_id = " +
+                            StageId(run, stage)),
+                expect, 1e-6);
+  }
+  // The two-node stage had two nodes in Slurm and is billed for two instances.
+  std::string wide = AttemptCol(run, "wide", 1, "executor_job");
+  EXPECT_EQ(Sh("sacct -c -n -P -j " + wide + " -o nnodes"), "2");
+  EXPECT_EQ(AttemptCol(run, "wide", 1, "instance_count"), "2");
+  // What the job printed is the attempt's log.
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " hello");
+  EXPECT_NE(logs.out.find("hello from"), std::string::npos) << logs.out << logs.err;
+}
+
+TEST(Slurm, AFailingCommandFailsWithItsCodeAndLastLine) {
+  auto r = RunTrnflow("run " +
+                      WriteTempFile("fail.yaml", OneStage("slurm-fail",
+                                                          "echo 'boom: disk full' >&2; exit 3")) +
+                      " --speed 1 --executor slurm --format json");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "failed");
+  std::string message = AttemptCol(run, "work", 1, "message");
+  EXPECT_NE(message.find("exited with code 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("boom: disk full"), std::string::npos) << message;
+  EXPECT_NE(message.find("Slurm job " + AttemptCol(run, "work", 1, "executor_job")),
+            std::string::npos)
+      << message;
+}
+
+TEST(Slurm, CancellingARunCancelsItsRunningAndPendingJobs) {
+  Daemon scheduler("cancel-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto worker = SlurmWorker("cancel-worker");
+  // Running.
+  int64_t running = Submit(OneStage("slurm-cancel-running", "sleep 300"), "running");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(running, "work", 1, "executor_job").empty(); }, 30));
+  std::string job = AttemptCol(running, "work", 1, "executor_job");
+  ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30)) << JobState(job);
+  EXPECT_EQ(RunTrnflow("cancel " + std::to_string(running)).exit_code, 0);
+  EXPECT_TRUE(WaitFor([&] { return JobState(job) == "CANCELLED"; }, 30)) << JobState(job);
+  EXPECT_TRUE(WaitFor([&] { return AttemptCol(running, "work", 1, "outcome") == "cancelled"; }, 30))
+      << AttemptCol(running, "work", 1, "outcome");
+
+  // Pending: every node is taken by a job of someone else's.
+  std::string blocker = Sh("sbatch --parsable -N2 --exclusive -o /dev/null --wrap 'sleep 300'");
+  ASSERT_TRUE(WaitFor([&] { return JobState(blocker) == "RUNNING"; }, 30)) << JobState(blocker);
+  int64_t pending = Submit(OneStage("slurm-cancel-pending", "true"), "pending");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(pending, "work", 1, "executor_job").empty(); }, 30));
+  std::string pjob = AttemptCol(pending, "work", 1, "executor_job");
+  EXPECT_EQ(JobState(pjob), "PENDING");
+  EXPECT_EQ(RunTrnflow("cancel " + std::to_string(pending)).exit_code, 0);
+  EXPECT_TRUE(WaitFor([&] { return JobState(pjob) == "CANCELLED"; }, 30)) << JobState(pjob);
+  EXPECT_TRUE(WaitFor([&] { return !AttemptCol(pending, "work", 1, "outcome").empty(); }, 30));
+  EXPECT_EQ(AttemptCol(pending, "work", 1, "outcome"), "cancelled");
+  Sh("scancel " + blocker);
+}
+
+TEST(Slurm, ANoticeThenAKillIsASpotInterruptionAndTheNextAttemptResumes) {
+  Daemon scheduler("notice-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto worker = SlurmWorker("notice-worker");
+  std::string job_sh = std::string(TRNFLOW_SOURCE_DIR) + "/tests/jobs/checkpointing_job.sh";
+  int64_t run = Submit(OneStage("slurm-notice", job_sh, "    env: {STEPS: \"120\", EVERY: \"5\"}\n"),
+                       "notice");
+  // Once a checkpoint has reached the catalog: the 2-minute notice, then the node goes.
+  ASSERT_TRUE(WaitFor([&] {
+    return QueryNumber("SELECT progress FROM trnflow.stages WHERE id = " + StageId(run, "work")) >= 0.2;
+  }, 60)) << "no checkpoint reached the catalog";
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  ASSERT_FALSE(job.empty());
+  Sh("scancel --batch --signal=USR1 " + job);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  Sh("scancel " + job);
+  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90))
+      << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
+      << AttemptCol(run, "work", 1, "message");
+  EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
+  // The second attempt is a job of its own and started from the first one's checkpoint.
+  EXPECT_NE(AttemptCol(run, "work", 2, "executor_job"), job);
+  std::ifstream steps(CliHome() + "/runs/" + std::to_string(run) + "/steps.log");
+  std::stringstream text;
+  text << steps.rdbuf();
+  auto at = text.str().find("attempt 2 starts at step ");
+  ASSERT_NE(at, std::string::npos) << text.str();
+  EXPECT_GT(std::stoi(text.str().substr(at + 25)), 0) << text.str();
+  EXPECT_LT(QueryNumber("SELECT wasted_usd / cost_usd FROM trnflow.attempts WHERE stage_id = " +
+                        StageId(run, "work") + " AND attempt = 1"),
+            1)
+      << "the checkpointed part of the lost attempt is not waste";
+}
+
+TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
+  Daemon scheduler("node-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto worker = SlurmWorker("node-worker", {"--partition", "spot", "--spot-partition"});
+  int64_t run = Submit(
+      OneStage("slurm-node", "if [ \"$TRNFLOW_ATTEMPT\" = 1 ]; then sleep 300; fi; echo done"),
+      "node");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  std::string node = Sh("squeue -h -j " + job + " -o %N");
+  Sh("scontrol update nodename=" + node + " state=down reason=trnflow-test");
+  EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60)) << RunState(run);
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
+      << AttemptCol(run, "work", 1, "message");
+  EXPECT_NE(AttemptCol(run, "work", 1, "message").find("NODE_FAIL"), std::string::npos);
+  Sh("scontrol update nodename=" + node + " state=resume");
+  EXPECT_TRUE(WaitFor([&] { return Sh("sinfo -h -N -n " + node + " -o %t").find("idle") == 0; }, 30));
+}
+
+TEST(Slurm, AStageThatOverrunsItsTimeoutIsCancelledAsATimeout) {
+  auto r = RunTrnflow("run " +
+                      WriteTempFile("timeout.yaml",
+                                    OneStage("slurm-timeout", "sleep 120", "    timeout: 3s\n")) +
+                      " --speed 1 --executor slurm --format json");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "timeout") << AttemptCol(run, "work", 1, "message");
+  EXPECT_EQ(JobState(AttemptCol(run, "work", 1, "executor_job")), "CANCELLED");
+}
+
+TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
+  Daemon scheduler("ctld-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto worker = SlurmWorker("ctld-worker");
+  int64_t run = Submit(OneStage("slurm-ctld", "sleep 40; echo survived"), "ctld");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  std::string pid = Sh("cat " + SlurmCluster::dir() + "/slurmctld.pid");
+  ASSERT_EQ(::kill(std::stoi(pid), SIGTERM), 0);
+  ASSERT_TRUE(WaitFor([&] { return ::kill(std::stoi(pid), 0) != 0; }, 15));
+  for (int i = 0; i < 6; ++i) {  // 30 s without a controller: the lease holds, no outcome
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    EXPECT_EQ(Query("SELECT state FROM trnflow.stages WHERE id = " + StageId(run, "work")),
+              "running");
+    EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "");
+  }
+  int status = 0;
+  std::string up = Sh(SlurmCluster::env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
+  ASSERT_EQ(status, 0) << up;
+  EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60))
+      << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "succeeded");
+  EXPECT_EQ(JobsOfStage(run, "work"), 1);
+}
+
+TEST(Slurm, AWorkerKilledMidJobIsReplacedAndTheJobAdoptedNotRunTwice) {
+  Daemon scheduler("adopt-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto first = SlurmWorker("adopt-worker-1");
+  int64_t run = Submit(OneStage("slurm-adopt", "sleep 12; echo finished by its first job"),
+                       "adopt");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  first->Kill(SIGKILL);
+  auto second = SlurmWorker("adopt-worker-2");
+  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90))
+      << RunState(run) << " " << AttemptCol(run, "work", 2, "message");
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "lost");
+  EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
+  EXPECT_EQ(AttemptCol(run, "work", 2, "executor_job"), job) << "attempt 2 did not adopt the job";
+  EXPECT_EQ(JobsOfStage(run, "work"), 1) << "Slurm ran the stage more than once";
+}
+
+}  // namespace
+}  // namespace trnflow

@@ -1,0 +1,175 @@
+// What the Slurm executor reads from Slurm (captured squeue and sacct output from Slurm 22.05)
+// and how it judges an attempt from that and its wrapper's files. Pure: no cluster needed.
+#include <gtest/gtest.h>
+
+#include "workers/slurm.h"
+
+namespace trnflow::workers::slurm {
+namespace {
+
+TEST(SlurmParse, SqueueKeepsReasonsWithSpacesAndSkipsNothing) {
+  // squeue -h -t all -j 5,6,7,8 -o '%i|%T|%r'
+  auto jobs = ParseSqueue(
+      "5|COMPLETED|None\n"
+      "6|PENDING|launch failed requeued held\n"
+      "7|PENDING|PartitionNodeLimit\n"
+      "8|CANCELLED|Priority\n");
+  ASSERT_EQ(jobs.size(), 4u);
+  EXPECT_EQ(jobs["5"].state, "COMPLETED");
+  EXPECT_EQ(jobs["6"].reason, "launch failed requeued held");
+  EXPECT_EQ(jobs["7"].reason, "PartitionNodeLimit");
+  EXPECT_EQ(jobs["8"].state, "CANCELLED");
+  EXPECT_TRUE(ParseSqueue("").empty());  // every id gone: an empty answer, not an error
+}
+
+TEST(SlurmParse, SacctSkipsStepsAndReadsCancelledBy) {
+  // sacct -n -P -o jobid,state,elapsed,nnodes,exitcode
+  auto jobs = ParseSacct(
+      "12|COMPLETED|00:00:07|2|0:0\n"
+      "12.batch|COMPLETED|00:00:07|1|0:0\n"
+      "12.0|COMPLETED|00:00:06|2|0:0\n"
+      "13|CANCELLED by 0|1-02:03:04|1|0:15\n"
+      "14|FAILED|00:01:00|1|3:0\n"
+      "15|TIMEOUT|00:02:00|1|0:0\n");
+  ASSERT_EQ(jobs.size(), 4u);
+  EXPECT_EQ(jobs["12"].nodes, 2);
+  EXPECT_DOUBLE_EQ(jobs["12"].elapsed_s, 7);
+  EXPECT_EQ(jobs["13"].state, "CANCELLED");
+  EXPECT_EQ(jobs["13"].cancelled_by, 0);
+  EXPECT_DOUBLE_EQ(jobs["13"].elapsed_s, 86400 + 2 * 3600 + 3 * 60 + 4);
+  EXPECT_EQ(jobs["13"].exit_signal, 15);
+  EXPECT_EQ(jobs["14"].exit_code, 3);
+  EXPECT_EQ(jobs["15"].state, "TIMEOUT");
+}
+
+TEST(SlurmParse, Durations) {
+  EXPECT_DOUBLE_EQ(ParseSlurmDuration("00:00:01"), 1);
+  EXPECT_DOUBLE_EQ(ParseSlurmDuration("03:04"), 184);
+  EXPECT_DOUBLE_EQ(ParseSlurmDuration("2-00:00:00"), 172800);
+  EXPECT_DOUBLE_EQ(ParseSlurmDuration("00:00:01.500"), 1.5);
+  EXPECT_LT(ParseSlurmDuration("Unknown"), 0);
+  EXPECT_LT(ParseSlurmDuration(""), 0);
+}
+
+TEST(SlurmParse, WrapperFiles) {
+  auto f = ParseWrapperFiles(std::string("1790000000.250000000 12 node1\n"), false,
+                             std::string("143 1790000010.750000000\n"));
+  EXPECT_TRUE(f.began);
+  EXPECT_DOUBLE_EQ(f.exited_at - f.began_at, 10.5);
+  ASSERT_TRUE(f.exit_code);
+  EXPECT_EQ(*f.exit_code, 143);
+  auto none = ParseWrapperFiles(std::nullopt, false, std::nullopt);
+  EXPECT_FALSE(none.began);
+  EXPECT_FALSE(none.exit_code);
+}
+
+Observation With(const std::string& state, std::optional<int> exit, bool noticed = false,
+                 const std::string& reason = "None") {
+  Observation o;
+  if (!state.empty()) o.job = JobState{"7", state, reason};
+  o.files.began = true;
+  o.files.exit_code = exit;
+  o.files.noticed = noticed;
+  return o;
+}
+
+TEST(SlurmJudge, TheWrappersExitIsTheTruth) {
+  auto v = Judge(With("COMPLETED", 0));
+  EXPECT_TRUE(v.finished);
+  EXPECT_EQ(v.outcome, Outcome::kSucceeded);
+  v = Judge(With("FAILED", 3));
+  EXPECT_EQ(v.outcome, Outcome::kFailed);
+  EXPECT_NE(v.message.find("code 3"), std::string::npos);
+  // A notice before the end: the market took it, however the workload exited (even 0).
+  v = Judge(With("COMPLETED", 0, /*noticed=*/true));
+  EXPECT_EQ(v.outcome, Outcome::kSpotInterruption);
+  v = Judge(With("CANCELLED", 143, true));
+  EXPECT_EQ(v.outcome, Outcome::kSpotInterruption);
+  v = Judge(With("TIMEOUT", 143));
+  EXPECT_EQ(v.outcome, Outcome::kTimeout);
+  v = Judge(With("OUT_OF_MEMORY", 137));
+  EXPECT_EQ(v.outcome, Outcome::kFailed);
+  EXPECT_NE(v.message.find("memory"), std::string::npos);
+  v = Judge(With("COMPLETED", 75));
+  EXPECT_EQ(v.outcome, Outcome::kInfraError);
+  // Slurm still says RUNNING (it lags the wrapper): the exit file decides.
+  v = Judge(With("RUNNING", 0));
+  EXPECT_TRUE(v.finished);
+  EXPECT_EQ(v.outcome, Outcome::kSucceeded);
+}
+
+TEST(SlurmJudge, WithoutAnExitFileSlurmsStateSaysWhatHappened) {
+  EXPECT_FALSE(Judge(With("RUNNING", std::nullopt)).finished);
+  EXPECT_FALSE(Judge(With("PENDING", std::nullopt, false, "Resources")).finished);
+  auto v = Judge(With("PREEMPTED", std::nullopt));
+  EXPECT_EQ(v.outcome, Outcome::kSpotInterruption);
+  auto node = With("NODE_FAIL", std::nullopt);
+  EXPECT_EQ(Judge(node).outcome, Outcome::kLost);
+  node.spot_partition = true;
+  EXPECT_EQ(Judge(node).outcome, Outcome::kSpotInterruption);
+  EXPECT_EQ(Judge(With("BOOT_FAIL", std::nullopt)).outcome, Outcome::kCapacityUnavailable);
+  EXPECT_EQ(Judge(With("TIMEOUT", std::nullopt)).outcome, Outcome::kTimeout);
+  EXPECT_EQ(Judge(With("DEADLINE", std::nullopt)).outcome, Outcome::kTimeout);
+  // Held by Slurm after a failed launch: lost, and the job is cancelled.
+  v = Judge(With("PENDING", std::nullopt, false, "launch failed requeued held"));
+  EXPECT_EQ(v.outcome, Outcome::kLost);
+  EXPECT_TRUE(v.cancel_job);
+}
+
+TEST(SlurmJudge, CancelledIsOursOnlyIfWeAsked) {
+  auto o = With("CANCELLED", std::nullopt);
+  o.job->cancelled_by = 0;
+  o.gone_for_s = 1;
+  auto v = Judge(o);
+  EXPECT_EQ(v.outcome, Outcome::kLost);
+  EXPECT_NE(v.message.find("by uid 0"), std::string::npos) << v.message;
+  o.we_cancelled = true;
+  EXPECT_EQ(Judge(o).outcome, Outcome::kCancelled);
+}
+
+TEST(SlurmJudge, ImpossiblePendingBecomesCapacityAfterALimit) {
+  auto o = With("PENDING", std::nullopt, false, "PartitionNodeLimit");
+  o.pending_for_s = 5;
+  EXPECT_FALSE(Judge(o).finished);
+  o.pending_for_s = kImpossiblePendingSeconds;
+  auto v = Judge(o);
+  EXPECT_EQ(v.outcome, Outcome::kCapacityUnavailable);
+  EXPECT_TRUE(v.cancel_job);
+  // Waiting for resources that exist is not impossible, however long.
+  o = With("PENDING", std::nullopt, false, "Resources");
+  o.pending_for_s = 3600;
+  EXPECT_FALSE(Judge(o).finished);
+}
+
+TEST(SlurmJudge, GoneWithoutAnExitFileIsLostOnlyAfterAGrace) {
+  Observation o;  // not in squeue's answer: gone
+  o.files.began = true;
+  o.gone_for_s = 1;
+  EXPECT_FALSE(Judge(o).finished);  // the exit file may be on its way (shared file system)
+  o.gone_for_s = kExitFileGraceSeconds;
+  EXPECT_EQ(Judge(o).outcome, Outcome::kLost);
+  // A state this code does not know is never success.
+  auto odd = With("SPECIAL_EXIT", std::nullopt);
+  odd.gone_for_s = 1;
+  EXPECT_FALSE(Judge(odd).finished);
+  odd.gone_for_s = kExitFileGraceSeconds;
+  EXPECT_EQ(Judge(odd).outcome, Outcome::kLost);
+}
+
+TEST(SlurmJudge, SlurmUnreachableConcludesNothing) {
+  Observation o;
+  o.slurm_reachable = false;
+  o.gone_for_s = 3600;
+  EXPECT_FALSE(Judge(o).finished);
+}
+
+TEST(SlurmSubmit, TransientErrorsAreRetriedOthersAreNot) {
+  EXPECT_TRUE(TransientSubmitError(
+      "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"));
+  EXPECT_TRUE(TransientSubmitError("sbatch: error: Unable to contact slurm controller (connect failure)"));
+  EXPECT_FALSE(TransientSubmitError(
+      "sbatch: error: Batch job submission failed: Invalid partition name specified"));
+}
+
+}  // namespace
+}  // namespace trnflow::workers::slurm
