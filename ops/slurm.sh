@@ -11,8 +11,9 @@
 #
 # TRNFLOW_SLURM_DIR moves the directory (default /var/tmp/trnflow-slurm); TRNFLOW_SLURM_PORT
 # the first of its three ports (default 16817: slurmctld, then one per slurmd). Partitions:
-#   batch  (default) node1,node2, on-demand
-#   spot   node1,node2, marked as spot capacity (a node failure there is an interruption)
+#   batch   (default) node1,node2, never preempted
+#   spot    node1,node2, preemptible: a job in `urgent` cancels spot jobs in its way
+#   urgent  node1,node2, higher priority tier (for preemption tests)
 set -euo pipefail
 
 dir="${TRNFLOW_SLURM_DIR:-/var/tmp/trnflow-slurm}"
@@ -71,8 +72,11 @@ InactiveLimit=0
 Waittime=0
 NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 1)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 2)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=batch Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
-PartitionName=spot Nodes=node1,node2 MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=batch Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
+PartitionName=spot Nodes=node1,node2 MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName=urgent Nodes=node1,node2 MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
 }
 

@@ -164,6 +164,16 @@ Verdict Judge(const Observation& o) {
   if (o.files.exit_code) {
     int code = *o.files.exit_code;
     if (o.we_cancelled) return Done(Outcome::kCancelled, "cancelled (scancel)");
+    // Killed by a signal while Slurm still has the job: Slurm's final word (PREEMPTED,
+    // TIMEOUT, NODE_FAIL) is on its way and says why; wait for it.
+    if (code > 128 && !o.files.noticed && o.job && Active(state) &&
+        o.gone_for_s < kExitFileGraceSeconds)
+      return {};
+    if (state == "PREEMPTED") return Done(Outcome::kSpotInterruption, "Slurm preempted " + id);
+    if (state == "NODE_FAIL")
+      return Done(o.spot_partition ? Outcome::kSpotInterruption : Outcome::kLost,
+                  "the node of " + id + " failed (NODE_FAIL)" +
+                      (o.spot_partition ? " on a spot partition" : ""));
     if (o.files.noticed)
       return Done(Outcome::kSpotInterruption,
                   "spot interruption: Slurm's notice (USR1) came; the workload exited with code " +

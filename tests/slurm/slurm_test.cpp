@@ -298,6 +298,26 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   EXPECT_TRUE(WaitFor([&] { return Sh("sinfo -h -N -n " + node + " -o %t").find("idle") == 0; }, 30));
 }
 
+TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {
+  Daemon scheduler("preempt-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto worker = SlurmWorker("preempt-worker", {"--partition", "spot"});
+  int64_t run = Submit(
+      OneStage("slurm-preempt", "if [ \"$TRNFLOW_ATTEMPT\" = 1 ]; then sleep 300; fi; echo done"),
+      "preempt");
+  ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  // Someone's job in a higher priority tier needs every node: Slurm cancels ours for it.
+  std::string urgent = Sh("sbatch --parsable -p urgent -N2 --exclusive -o /dev/null --wrap 'sleep 1'");
+  EXPECT_TRUE(WaitFor([&] { return JobState(job) == "PREEMPTED"; }, 60)) << JobState(job);
+  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90)) << RunState(run);
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
+      << AttemptCol(run, "work", 1, "message");
+  EXPECT_NE(AttemptCol(run, "work", 1, "message").find("preempted"), std::string::npos);
+  EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
+}
+
 TEST(Slurm, AStageThatOverrunsItsTimeoutIsCancelledAsATimeout) {
   auto r = RunTrnflow("run " +
                       WriteTempFile("timeout.yaml",

@@ -98,6 +98,21 @@ TEST(SlurmJudge, TheWrappersExitIsTheTruth) {
   EXPECT_EQ(v.outcome, Outcome::kSucceeded);
 }
 
+TEST(SlurmJudge, AWorkloadKilledByASignalWaitsForSlurmsWordOnWhy) {
+  // The wrapper saw SIGTERM's 143 while Slurm still says RUNNING: preemption, time limit or a
+  // node failure look the same from inside; Slurm's final state tells them apart.
+  EXPECT_FALSE(Judge(With("RUNNING", 143)).finished);
+  EXPECT_FALSE(Judge(With("COMPLETING", 143)).finished);
+  EXPECT_EQ(Judge(With("PREEMPTED", 143)).outcome, Outcome::kSpotInterruption);
+  EXPECT_EQ(Judge(With("TIMEOUT", 143)).outcome, Outcome::kTimeout);
+  auto node = With("NODE_FAIL", 137);
+  node.spot_partition = true;
+  EXPECT_EQ(Judge(node).outcome, Outcome::kSpotInterruption);
+  // Gone from squeue by now: the code is all there is.
+  EXPECT_EQ(Judge(With("", 137)).outcome, Outcome::kInfraError);
+  EXPECT_EQ(Judge(With("FAILED", 137)).outcome, Outcome::kInfraError);
+}
+
 TEST(SlurmJudge, WithoutAnExitFileSlurmsStateSaysWhatHappened) {
   EXPECT_FALSE(Judge(With("RUNNING", std::nullopt)).finished);
   EXPECT_FALSE(Judge(With("PENDING", std::nullopt, false, "Resources")).finished);
