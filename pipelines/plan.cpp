@@ -240,9 +240,9 @@ std::string PlanToTable(const Plan& plan) {
       notes += b;
     }
     if (s.ms_per_token > 0) {
-      char b[128];
-      std::snprintf(b, sizeof b, "%s%.0f tok/s, %.2f ms/token, $%.3f/M tokens",
-                    notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token,
+      char b[160];
+      std::snprintf(b, sizeof b, "%s%.0f tok/s, %.2f ms/token, TTFT %.0f ms, $%.3f/M tokens",
+                    notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token, s.ttft_ms,
                     s.usd_per_million_tokens);
       notes += b;
     } else if (s.kind == "train" && s.tokens_per_second > 0) {
