@@ -93,6 +93,11 @@ TEST(PerfModel, TrainingPhysics) {
   // trn1n's network halves the gradient all-reduce.
   EXPECT_NEAR(TrainStep(w, trn1n, 16).dp_comm_s, TrainStep(w, trn1, 16).dp_comm_s / 2,
               TrainStep(w, trn1, 16).dp_comm_s * 1e-9);
+  // Scaling from 1 to 32 instances: each instance keeps most, not all, of its throughput.
+  double one_node = TrainStep(w, trn1, 1).tokens_per_second;
+  double per_node_32 = TrainStep(w, trn1, 32).tokens_per_second / 32;
+  EXPECT_LT(per_node_32, one_node);
+  EXPECT_GT(per_node_32, 0.7 * one_node);
   // Pipeline parallelism costs a bubble; without it there is none.
   EXPECT_EQ(long_seq.bubble_s, 0);
   w.pp = 4;
