@@ -418,10 +418,13 @@ int CmdInstances(const std::string& format, bool sources) {
                      {"accelerator", t.accelerator},
                      {"chips", t.chips},
                      {"cores_per_chip", t.cores_per_chip},
+                     {"physical_cores_per_chip", t.physical_cores_per_chip},
+                     {"lnc", t.lnc},
                      {"hbm_gib_per_chip", t.hbm_gib_per_chip},
                      {"hbm_gbps_per_chip", t.hbm_gbps_per_chip},
                      {"bf16_tflops_per_chip", t.bf16_tflops_per_chip},
                      {"fp8_tflops_per_chip", t.fp8_tflops_per_chip},
+                     {"neuronlink_gbps_per_chip", t.neuronlink_gbps_per_chip},
                      {"vcpus", t.vcpus},
                      {"memory_gib", t.memory_gib},
                      {"network_gbps", t.network_gbps},
@@ -474,6 +477,7 @@ int CmdModels(const std::string& format) {
                      {"hidden", m.hidden},
                      {"heads", m.heads},
                      {"kv_heads", m.kv_heads},
+                     {"ffn", m.ffn},
                      {"vocab", m.vocab},
                      {"context", m.context},
                      {"features", m.features},
@@ -495,10 +499,11 @@ int CmdModels(const std::string& format) {
     for (const auto& f : m.features) features += (features.empty() ? "" : ",") + f;
     rows.push_back({m.name, m.architecture, params(m.parameters), std::to_string(m.layers),
                     std::to_string(m.hidden), std::to_string(m.heads), std::to_string(m.kv_heads),
-                    std::to_string(m.vocab), std::to_string(m.context), features});
+                    std::to_string(m.ffn), std::to_string(m.vocab), std::to_string(m.context),
+                    features});
   }
   std::cout << Table({"MODEL", "ARCHITECTURE", ">PARAMETERS", ">LAYERS", ">HIDDEN", ">HEADS",
-                      ">KV HEADS", ">VOCAB", ">CONTEXT", "FEATURES"},
+                      ">KV HEADS", ">FFN", ">VOCAB", ">CONTEXT", "FEATURES"},
                      rows)
             << "\na stage names one with `model: NAME`, or describes its own inline "
                "(docs/pipeline-format.md); sources: trnflow models --format json\n";

@@ -138,7 +138,7 @@ const std::map<std::string, std::vector<std::string>> kNestedKeys = {
     {"spot", {"max_interruptions", "then"}},
     {"checkpoint", {"every", "on_notice"}},
     {"model",
-     {"name", "parameters", "layers", "hidden", "heads", "kv_heads", "vocab", "context",
+     {"name", "parameters", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "context",
       "architecture"}},
     {"parallelism", {"tp", "pp"}},
 };
@@ -497,17 +497,23 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
   const auto typos = CheckMap(n, NestedKeys("model"), "model");
   sim::Model m;
   bool ok = true;
+  // parameters may be left out when ffn is given: it follows from the shape.
+  const bool derive = !n["parameters"] && n["ffn"];
   for (const char* key : {"name", "parameters", "layers", "hidden"})
-    if (!n[key] && typos.count(key)) {
+    if (derive && std::string(key) == "parameters") {
+      continue;
+    } else if (!n[key] && typos.count(key)) {
       ok = false;  // reported as the typo it is
     } else if (!n[key]) {
       diags_.Error(At(n), std::string("inline model lacks '") + key + "'",
-                   "an inline model needs name, parameters, layers and hidden");
+                   "an inline model needs name, parameters, layers and hidden (parameters may "
+                   "be left out when ffn is given)");
       ok = false;
     }
   if (!ok) return std::nullopt;
   auto name = Text(n["name"], "model.name", scope);
-  auto params = Number(n["parameters"], "model.parameters", scope, 1e3, 1e13, true);
+  std::optional<double> params = 0.0;
+  if (!derive) params = Number(n["parameters"], "model.parameters", scope, 1e3, 1e13, true);
   auto layers = Integer(n["layers"], "model.layers", scope, 1, 1000);
   auto hidden = Integer(n["hidden"], "model.hidden", scope, 1, 1 << 20);
   if (!name || !params || !layers || !hidden) return std::nullopt;
@@ -521,6 +527,14 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
   m.kv_heads = m.heads;
   if (n["kv_heads"])
     if (auto v = Integer(n["kv_heads"], "model.kv_heads", scope, 1, 4096)) m.kv_heads = *v;
+  if (m.kv_heads > m.heads || m.heads % m.kv_heads != 0)
+    diags_.Error(At(n["kv_heads"] ? n["kv_heads"] : n),
+                 "model.kv_heads " + std::to_string(m.kv_heads) + " does not divide heads " +
+                     std::to_string(m.heads),
+                 "grouped-query attention shares each key/value head among heads / kv_heads "
+                 "query heads: use a divisor of " + std::to_string(m.heads));
+  if (n["ffn"])
+    if (auto v = Integer(n["ffn"], "model.ffn", scope, 1, 1 << 22)) m.ffn = *v;
   m.vocab = 32000;
   if (n["vocab"])
     if (auto v = Integer(n["vocab"], "model.vocab", scope, 0, 10'000'000)) m.vocab = *v;
@@ -530,6 +544,10 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
   m.architecture = "decoder";
   if (n["architecture"])
     if (auto v = Text(n["architecture"], "model.architecture", scope)) m.architecture = *v;
+  if (derive) {
+    if (m.ffn <= 0) return std::nullopt;  // reported by Integer
+    m.parameters = sim::ParametersFromShape(m);
+  }
   return m;
 }
 

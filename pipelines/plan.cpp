@@ -135,6 +135,7 @@ Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
       sp.tokens_per_second = e.tokens_per_second;
       sp.ms_per_token = e.ms_per_token;
       sp.ttft_ms = e.ttft_ms;
+      sp.mfu = e.mfu;
       if (e.tokens_per_second > 0 && s.spec.kind != StageKind::kTrain) {
         double usd_per_hour = t->price(s.spec.market == Market::kSpot).usd() * s.spec.count;
         sp.usd_per_million_tokens = usd_per_hour / (e.tokens_per_second * 3600) * 1e6;
@@ -198,6 +199,7 @@ std::string PlanToJson(const Plan& plan) {
       j["cheaper_alternative"] = {{"instance", s.cheaper_instance},
                                   {"cost_usd", s.cheaper_cost.usd()}};
     if (s.tokens_per_second > 0) j["tokens_per_second"] = Round(s.tokens_per_second, 1);
+    if (s.kind == "train" && s.mfu > 0) j["mfu"] = Round(s.mfu, 3);
     if (s.kind == "deploy" || s.kind == "benchmark") {
       j["ms_per_token"] = Round(s.ms_per_token, 2);
       j["ttft_ms"] = Round(s.ttft_ms, 1);
@@ -240,14 +242,15 @@ std::string PlanToTable(const Plan& plan) {
       notes += b;
     }
     if (s.ms_per_token > 0) {
-      char b[128];
-      std::snprintf(b, sizeof b, "%s%.0f tok/s, %.2f ms/token, $%.3f/M tokens",
-                    notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token,
+      char b[160];
+      std::snprintf(b, sizeof b, "%s%.0f tok/s, %.2f ms/token, TTFT %.0f ms, $%.3f/M tokens",
+                    notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token, s.ttft_ms,
                     s.usd_per_million_tokens);
       notes += b;
     } else if (s.kind == "train" && s.tokens_per_second > 0) {
       char b[64];
-      std::snprintf(b, sizeof b, "%s%.0f tok/s", notes.empty() ? "" : "; ", s.tokens_per_second);
+      std::snprintf(b, sizeof b, "%s%.0f tok/s, MFU %.0f%%", notes.empty() ? "" : "; ",
+                    s.tokens_per_second, 100 * s.mfu);
       notes += b;
     }
     if (s.cached) notes += std::string(notes.empty() ? "" : "; ") + "cached: $0";

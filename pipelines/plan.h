@@ -50,6 +50,7 @@ struct StagePlan {
   double tokens_per_second = 0;
   double ms_per_token = 0;
   double ttft_ms = 0;
+  double mfu = 0;  // train: model FLOPs utilization the performance model derives
   double usd_per_million_tokens = 0;
 };
 

@@ -54,6 +54,12 @@ Catalog::Catalog(std::string_view instances_yaml, std::string_view models_yaml) 
     t.hbm_gbps_per_chip = Get<double>(n, "hbm_gbps_per_chip", e);
     t.bf16_tflops_per_chip = Get<double>(n, "bf16_tflops_per_chip", e);
     t.fp8_tflops_per_chip = Get<double>(n, "fp8_tflops_per_chip", e);
+    t.physical_cores_per_chip = n["physical_cores_per_chip"]
+                                    ? Get<int>(n, "physical_cores_per_chip", e)
+                                    : t.cores_per_chip;
+    t.lnc = n["lnc"] ? Get<int>(n, "lnc", e) : 1;
+    if (n["neuronlink_gbps_per_chip"])
+      t.neuronlink_gbps_per_chip = Get<double>(n, "neuronlink_gbps_per_chip", e);
     t.vcpus = Get<int>(n, "vcpus", e);
     t.memory_gib = Get<double>(n, "memory_gib", e);
     t.network_gbps = Get<double>(n, "network_gbps", e);
@@ -76,6 +82,7 @@ Catalog::Catalog(std::string_view instances_yaml, std::string_view models_yaml) 
     m.hidden = Get<int>(n, "hidden", e);
     m.heads = Get<int>(n, "heads", e);
     m.kv_heads = Get<int>(n, "kv_heads", e);
+    m.ffn = Get<int>(n, "ffn", e);
     m.vocab = Get<int>(n, "vocab", e);
     m.context = Get<int>(n, "context", e);
     m.architecture = Get<std::string>(n, "architecture", e);
@@ -83,6 +90,14 @@ Catalog::Catalog(std::string_view instances_yaml, std::string_view models_yaml) 
     if (n["source"]) m.source = n["source"].as<std::string>();
     models_.push_back(std::move(m));
   }
+}
+
+double ParametersFromShape(const Model& m) {
+  double h = m.hidden;
+  double head_dim = m.heads > 0 ? h / m.heads : h;
+  double kv = static_cast<double>(m.kv_heads > 0 ? m.kv_heads : m.heads) * head_dim;
+  double per_layer = 2 * h * h + 2 * h * kv + 3 * h * m.ffn;
+  return m.layers * per_layer + 2.0 * m.vocab * h;
 }
 
 const Catalog& Catalog::Builtin() {

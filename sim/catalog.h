@@ -17,11 +17,14 @@ struct InstanceType {
   std::string pool;         // worker pool: trn1 | trn2 | inf1 | inf2 | gpu | cpu
   std::string accelerator;  // trainium | inferentia | gpu | none
   int chips = 0;
-  int cores_per_chip = 0;
+  int cores_per_chip = 0;           // logical NeuronCores (trn2: LNC=2, 4 per chip)
+  int physical_cores_per_chip = 0;  // trn2: 8 NeuronCore-v3
+  int lnc = 1;                      // physical cores per logical core
   double hbm_gib_per_chip = 0;
   double hbm_gbps_per_chip = 0;
   double bf16_tflops_per_chip = 0;
   double fp8_tflops_per_chip = 0;
+  double neuronlink_gbps_per_chip = 0;  // GB/s chip-to-chip; 0 = single chip
   int vcpus = 0;
   double memory_gib = 0;
   double network_gbps = 0;
@@ -43,12 +46,18 @@ struct Model {
   int hidden = 0;
   int heads = 0;
   int kv_heads = 0;
+  int ffn = 0;  // feed-forward (intermediate) size; 0 = unknown
   int vocab = 0;
   int context = 0;
   std::string architecture;  // decoder | encoder | vit | diffusion | climate
   std::vector<std::string> features;
   std::string source;
 };
+
+// Parameters of a decoder with this shape: per layer the attention projections (query and
+// output hidden x hidden, key and value hidden x kv_heads x head_dim) and a gated MLP
+// (3 x hidden x ffn), plus untied input and output embeddings (2 x vocab x hidden).
+double ParametersFromShape(const Model& m);
 
 class Catalog {
  public:

@@ -49,7 +49,9 @@ std::vector<int> ValidTpDegrees(const std::string& family) {
 }
 
 std::string CompileFamily(const std::string& instance_family) {
-  return instance_family == "trn1n" ? "trn1" : instance_family;
+  if (instance_family == "trn1n") return "trn1";
+  if (instance_family == "trn2u") return "trn2";  // an UltraServer's instances run trn2 graphs
+  return instance_family;
 }
 
 double CoreMemoryGiB(const Catalog& c, const std::string& family) {

@@ -22,7 +22,8 @@ struct Fit {
 // tp degrees the Neuron SDK supports on a family (trn1, trn1n, trn2, inf1, inf2); GPUs and
 // others: powers of two up to the devices of the largest instance.
 std::vector<int> ValidTpDegrees(const std::string& family);
-// The family that runs graphs compiled for an instance family (trn1n runs trn1 graphs).
+// The family that runs graphs compiled for an instance family (trn1n runs trn1 graphs,
+// trn2u trn2 graphs).
 std::string CompileFamily(const std::string& instance_family);
 // GiB of device memory per NeuronCore (or per GPU) in a family, from the catalog.
 double CoreMemoryGiB(const Catalog& c, const std::string& family);

@@ -19,11 +19,42 @@ struct Estimate {
   double mfu = 0;                // train: model FLOPs utilization used
 };
 
-// Model FLOPs utilization for training a model of `parameters` on this accelerator (before
-// multi-node scaling): the family's best, less for small models that cannot fill the chips.
-double TrainingMfu(const InstanceType& t, double parameters);
-// Data-parallel efficiency across `count` instances over the instance's network.
-double ScalingEfficiency(const InstanceType& t, int count);
+// One training step, from first principles (sim/README.md): FLOPs per token including
+// causal attention and activation recomputation, tensor-parallel all-reduces over the
+// chip-to-chip links, the pipeline bubble and the data-parallel gradient all-reduce over
+// the instances' network. MFU follows from these.
+struct TrainBreakdown {
+  int tp = 1, pp = 1, dp = 1;       // parallel layout over count x NeuronCores
+  int seq_len = 0;
+  bool recompute = false;           // activations do not fit beside the sharded state
+  double flops_per_token = 0;       // executed, incl. attention and recompute
+  double sequences_per_step = 0;    // global batch
+  double compute_s = 0;             // per step: matmuls at the training efficiency
+  double tp_comm_s = 0;             // per step: tensor-parallel all-reduces
+  double bubble_s = 0;              // per step: pipeline fill and drain
+  double dp_comm_s = 0;             // per step: gradient all-reduce across instances
+  double step_s = 0;
+  double tokens_per_second = 0;     // whole job
+  double mfu = 0;                   // 6 x parameters x tokens/s over peak BF16
+};
+TrainBreakdown TrainStep(const Workload& w, const InstanceType& t, int count);
+
+// One decode step (one output token for every sequence of the batch) and the prefill of one
+// batch, for one replica of tp_degree NeuronCores (sim/README.md).
+struct ServeBreakdown {
+  int replicas = 1;                // per instance: NeuronCores / tp_degree
+  double weights_ms = 0;           // weights streamed from HBM
+  double kv_ms = 0;                // KV cache streamed from HBM (GQA: fewer KV heads)
+  double compute_ms = 0;           // matmuls at the serving efficiency (large batches)
+  double layer_ms = 0;             // per-layer fixed cost and per (sequence, head) cost
+  double collective_ms = 0;        // two all-reduces per layer, growing with tp_degree
+  double ms_per_token = 0;
+  double prefill_compute_ms = 0;   // prompt FLOPs incl. attention quadratic in its length
+  double prefill_overhead_ms = 0;  // weights once, per-layer cost and collectives
+  double ttft_ms = 0;
+};
+ServeBreakdown ServeStep(const Workload& w, const InstanceType& t);
+
 // `first_attempt`: the training graph is compiled (neuron_parallel_compile) before step one;
 // later attempts find it cached and only warm up and load the checkpoint.
 Estimate EstimateTrain(const Workload& w, const InstanceType& t, int count,

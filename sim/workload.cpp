@@ -16,6 +16,7 @@ std::string ToJson(const Workload& w) {
         {"hidden", m.hidden},
         {"heads", m.heads},
         {"kv_heads", m.kv_heads},
+        {"ffn", m.ffn},
         {"vocab", m.vocab},
         {"context", m.context},
         {"architecture", m.architecture},
@@ -49,6 +50,7 @@ Workload WorkloadFromJson(std::string_view text) {
     w.model.hidden = m.at("hidden").get<int>();
     w.model.heads = m.at("heads").get<int>();
     w.model.kv_heads = m.at("kv_heads").get<int>();
+    w.model.ffn = m.value("ffn", 0);  // absent in specs written before it existed
     w.model.vocab = m.at("vocab").get<int>();
     w.model.context = m.at("context").get<int>();
     w.model.architecture = m.at("architecture").get<std::string>();

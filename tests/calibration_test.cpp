@@ -57,15 +57,18 @@ TEST(Calibration, InferenceLatencyAndThroughput) {
                "    tp_degree: 24\n    model: " +
                    model + "\n    batch: " + row["batch"].as<std::string>() +
                    "\n    input_tokens: " + row["input_tokens"].as<std::string>() +
-                   "\n    output_tokens: 128\n    requests: 1000\n"
+                   "\n    output_tokens: " + row["output_tokens"].as<std::string>("128") +
+                   "\n    requests: 1000\n"
                    "    checkpoint: {every: 1h}\n");
     double tol = row["tolerance"].as<double>();
     if (row["ms_per_token"])
       ExpectWithin(stage["ms_per_token"].get<double>(), row["ms_per_token"].as<double>(), tol,
                    model + " ms/token at batch " + row["batch"].as<std::string>());
+    // A target whose TTFT conflicts with the other published figures carries its own,
+    // explained tolerance (sim/calibration/targets.yaml, sim/README.md).
     if (row["ttft_ms"])
-      ExpectWithin(stage["ttft_ms"].get<double>(), row["ttft_ms"].as<double>(), tol,
-                   model + " time to first token");
+      ExpectWithin(stage["ttft_ms"].get<double>(), row["ttft_ms"].as<double>(),
+                   row["ttft_tolerance"].as<double>(tol), model + " time to first token");
     if (row["tokens_per_second"])
       ExpectWithin(stage["tokens_per_second"].get<double>(), row["tokens_per_second"].as<double>(),
                    tol, model + " tokens/s at batch " + row["batch"].as<std::string>());

@@ -398,4 +398,45 @@ stages:
   EXPECT_EQ(MakePlan(*r.pipeline).stages[1].source, EstimateSource::kUnknown);
 }
 
+
+TEST(Parser, InlineModelCarriesTheShapeThePhysicsNeeds) {
+  // Llama-3-70B described inline, without its parameter count: ffn gives it, and a context
+  // longer than the default 4096 is the model's own.
+  auto r = Parse(R"(pipeline: p
+project: lab
+stages:
+  serve:
+    kind: deploy
+    instance: trn2.48xlarge
+    tp_degree: 64
+    model: {name: my-70b, layers: 80, hidden: 8192, heads: 64, kv_heads: 8, ffn: 28672,
+            vocab: 128256, context: 16384}
+    input_tokens: 10000
+    output_tokens: 1500
+    requests: 10
+)");
+  ASSERT_TRUE(r.pipeline.has_value()) << r.diagnostics.Format();
+  const sim::Model& m = r.pipeline->stages[0].workload->model;
+  EXPECT_EQ(m.ffn, 28672);
+  EXPECT_EQ(m.kv_heads, 8);
+  EXPECT_NEAR(m.parameters, 70.55e9, 0.01e9);
+  EXPECT_EQ(m.context, 16384);
+  // Without ffn the parameter count is required, and the error says ffn would do.
+  auto bad = Parse(R"(pipeline: p
+project: lab
+stages:
+  serve:
+    kind: deploy
+    instance: trn2.48xlarge
+    model: {name: my-70b, layers: 80, hidden: 8192}
+    input_tokens: 10
+    output_tokens: 10
+    requests: 10
+)");
+  std::string err = OnlyError(bad);
+  EXPECT_NE(err.find("p.yaml:7:12: error: inline model lacks 'parameters'"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("parameters may be left out when ffn is given"), std::string::npos) << err;
+}
+
 }  // namespace trnflow::pipelines
