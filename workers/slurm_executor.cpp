@@ -119,6 +119,14 @@ ToolResult RunTool(const std::vector<std::string>& argv, double timeout_s = 30) 
   return r;
 }
 
+// Sleeps up to `seconds`, waking early when the worker asks the attempt to stop.
+void SleepUnlessStopped(const ExecContext& ctx, double seconds) {
+  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(seconds));
+  while (Clock::now() < until && ctx.stop_reason() == StopReason::kNone)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 std::string ShellQuote(const std::string& s) {
   std::string q = "'";
   for (char c : s) {
@@ -315,9 +323,22 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     std::string names;
     for (int a = 1; a < ctx.attempt; ++a)
       names += (names.empty() ? "" : ",") + SlurmJobName(ctx.run_id, ctx.stage_id, a);
-    ToolResult q = RunTool({"squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
-                            "--name=" + names, "-o", "%i|%j"});
-    if (q.code != 0) return infra("Slurm is unreachable (squeue: " + q.err + ")");
+    // Slurm not answering is "unknown": wait (the lease is kept) rather than submit blind.
+    ToolResult q;
+    for (double backoff = 1;; backoff = std::min(backoff * 2, 30.0)) {
+      q = RunTool({"squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+                   "--name=" + names, "-o", "%i|%j"});
+      if (q.code == 0) break;
+      if (ctx.stop_reason() != StopReason::kNone) {
+        r.outcome = Outcome::kCancelled;
+        r.ran_instance = false;
+        r.message = "stopped while Slurm was unreachable";
+        return r;
+      }
+      log->warn("stage={} attempt={}: Slurm unreachable (squeue: {}); again in {}", ctx.spec.name,
+                ctx.attempt, q.err, FormatDuration(backoff));
+      SleepUnlessStopped(ctx, backoff);
+    }
     std::istringstream in(q.out);
     for (std::string line; std::getline(in, line);) {
       auto bar = line.find('|');
@@ -405,7 +426,7 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
           ctx.stop_reason() == StopReason::kNone) {
         log->warn("sbatch failed ({}), try {} of {}: again in {}", err, tries, opt_.submit_tries,
                   FormatDuration(backoff));
-        std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+        SleepUnlessStopped(ctx, backoff);
         backoff = std::min(backoff * 2, 30.0);
         continue;
       }
