@@ -54,7 +54,7 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
   s.trnflow_binary = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string partitions;
   int status = -1;
-  if (FILE* p = ::popen("sinfo -h -o %R 2>&1", "r")) {
+  if (FILE* p = ::popen("timeout 15 sinfo -h -o %R 2>&1", "r")) {
     char buf[4096];
     for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) partitions.append(buf, n);
     status = ::pclose(p);
