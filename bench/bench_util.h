@@ -1,5 +1,6 @@
 #pragma once
 // Small helpers the benchmark programs share.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +63,49 @@ inline std::optional<double> WaitForRunFinish(
     usleep(5000);
   }
   return std::nullopt;
+}
+
+// Where a workload's time goes: PostgreSQL's execution time in the benchmark's database
+// (pg_stat_statements; bench/pg.sh loads it), the server's WAL bytes (pg_stat_wal) and the
+// CPU of this process and its waited-for children (the worker processes). Read once before
+// and once after; Per() divides the difference by the stages it moved. -1: not available
+// (a server without pg_stat_statements).
+struct CostSnapshot {
+  double pg_ms = -1;
+  double wal_bytes = -1;
+  double cpu_s = 0;
+};
+
+inline CostSnapshot SnapshotCost(const std::string& database) {
+  CostSnapshot s;
+  rusage self{}, children{};
+  getrusage(RUSAGE_SELF, &self);
+  getrusage(RUSAGE_CHILDREN, &children);
+  auto secs = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  s.cpu_s = secs(self.ru_utime) + secs(self.ru_stime) + secs(children.ru_utime) +
+            secs(children.ru_stime);
+  try {
+    schema::Catalog admin(AdminUrl());
+    std::string wal = admin.QueryValue("SELECT wal_bytes::text FROM pg_stat_wal");
+    if (!wal.empty()) s.wal_bytes = std::stod(wal);
+    std::string pg = admin.QueryValue(
+        "SELECT coalesce(sum(total_exec_time), 0)::text FROM pg_stat_statements "
+        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '" + database + "')");
+    if (!pg.empty()) s.pg_ms = std::stod(pg);
+  } catch (const std::exception&) {  // no pg_stat_statements here: the figures stay -1
+  }
+  return s;
+}
+
+// `"pg_us_per_stage":..,"wal_bytes_per_stage":..,"client_cpu_us_per_stage":..` for a JSON line.
+inline std::string PerStageJson(const CostSnapshot& a, const CostSnapshot& b, int64_t stages) {
+  auto per = [&](double before, double after, double scale) {
+    return before < 0 || after < 0 ? std::string("null")
+                                   : std::to_string((after - before) * scale / stages);
+  };
+  return "\"pg_us_per_stage\":" + per(a.pg_ms, b.pg_ms, 1000) +
+         ",\"wal_bytes_per_stage\":" + per(a.wal_bytes, b.wal_bytes, 1) +
+         ",\"client_cpu_us_per_stage\":" + per(a.cpu_s, b.cpu_s, 1e6);
 }
 
 inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   }
   double seconds = 0, submit_s = 0;
   int64_t run = 0;
+  CostSnapshot before = SnapshotCost(name);
   {
     WorkerProcesses procs(url, workers, capacity);  // idle and listening, as deployed
     schema::Catalog c(url);
@@ -67,12 +68,15 @@ int main(int argc, char** argv) {
                    stages);
       return 1;
     }
-  }
+  }  // the worker processes are stopped and waited for here
+  CostSnapshot after = SnapshotCost(name);
   std::remove(file.c_str());
   DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"dag\",\"shape\":\"%s\",\"stages\":%d,"
-      "\"edges\":%d,\"processes\":%d,\"submit_seconds\":%.3f,\"seconds\":%.3f,\"per_s\":%.0f}\n",
-      shape.c_str(), stages, DagEdges(shape, stages), workers, submit_s, seconds, stages / seconds);
+      "\"edges\":%d,\"processes\":%d,\"submit_seconds\":%.3f,\"seconds\":%.3f,\"per_s\":%.0f,"
+      "%s}\n",
+      shape.c_str(), stages, DagEdges(shape, stages), workers, submit_s, seconds, stages / seconds,
+      PerStageJson(before, after, stages).c_str());
   return 0;
 }

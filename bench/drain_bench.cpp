@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   std::string name = "trnflow_bench_drain_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   double seconds = 0;
+  CostSnapshot before, after;
   {
     int64_t run;
     double start;
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "drain_bench: %lld ready stages, %d worker process(es) x %d slots\n",
                  static_cast<long long>(stages), workers, capacity);
+    before = SnapshotCost(name);
     WorkerProcesses procs(url, workers, capacity, batch);  // forked before this connection
     schema::Catalog c(url);
     auto end = WaitForRunFinish(c, run);
@@ -46,7 +48,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     seconds = *end - start;
-    procs.Stop();
+    procs.Stop();  // waits for them: their CPU is in RUSAGE_CHILDREN now
+    after = SnapshotCost(name);
     std::string done = c.QueryValue(
         "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
         std::to_string(run));
@@ -59,7 +62,8 @@ int main(int argc, char** argv) {
   DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"drain\",\"jobs\":%lld,\"processes\":%d,"
-      "\"capacity\":%d,\"seconds\":%.3f,\"per_s\":%.0f}\n",
-      static_cast<long long>(stages), workers, capacity, seconds, stages / seconds);
+      "\"capacity\":%d,\"seconds\":%.3f,\"per_s\":%.0f,%s}\n",
+      static_cast<long long>(stages), workers, capacity, seconds, stages / seconds,
+      PerStageJson(before, after, stages).c_str());
   return 0;
 }

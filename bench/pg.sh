@@ -88,6 +88,17 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
 EOF
   fi
+  # Where the time goes, per statement (the benchmarks read it before and after a workload).
+  if ! grep -q "^shared_preload_libraries = 'pg_stat_statements'" "$dir/postgresql.conf"; then
+    as_pg tee -a "$dir/postgresql.conf" >/dev/null <<EOF
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = top
+EOF
+    if is_running; then
+      as_pg "$PGBIN/pg_ctl" restart -D "$dir" -l "$dir/postgres.log" -w -t 60 -m fast >/dev/null 2>&1 \
+        || { log_tail; die "could not restart PostgreSQL in $dir with pg_stat_statements"; }
+    fi
+  fi
 
   if is_running; then
     local rp
@@ -121,6 +132,7 @@ EOF
     as_pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U "$su" -d postgres "$@"
   }
   psql_su >/dev/null <<'EOF' || die "could not create role/database bench"
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bench') THEN
