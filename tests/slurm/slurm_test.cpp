@@ -199,6 +199,35 @@ stages:
   EXPECT_NE(logs.out.find("hello from"), std::string::npos) << logs.out << logs.err;
 }
 
+// The README's two commands: the climate example end to end on the cluster, simulated stages
+// through `trnflow exec-stage` in their jobs, with the figures it has on one host.
+TEST(Slurm, TheClimateExampleRunsOnTheClusterWithItsOneHostFigures) {
+  std::string file = std::string(TRNFLOW_SOURCE_DIR) + "/examples/climate/pipeline.yaml";
+  auto local = RunTrnflow("run " + file + " --project slurm-local --format json");
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto r = RunTrnflow("run " + file + " --project slurm-climate --executor slurm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  auto stages = nlohmann::json::parse(r.out)["stages"];
+  auto local_stages = nlohmann::json::parse(local.out)["stages"];
+  ASSERT_EQ(stages.size(), local_stages.size());
+  for (size_t i = 0; i < stages.size(); ++i) {
+    std::string name = stages[i]["name"].get<std::string>();
+    SCOPED_TRACE(name);
+    // Training and serving cost what they cost on one host (same seed, same simulator); the
+    // train stage's spot interruption and resume happen in Slurm jobs. (The compiles are
+    // cache hits the second time: compiled graphs serve every project.)
+    if (stages[i]["kind"] == "train" || stages[i]["kind"] == "deploy")
+      EXPECT_NEAR(stages[i]["cost_usd"].get<double>(), local_stages[i]["cost_usd"].get<double>(),
+                  0.01);
+    EXPECT_EQ(stages[i]["attempts"].size(), local_stages[i]["attempts"].size());
+    if (stages[i]["state"] == "succeeded")
+      EXPECT_FALSE(AttemptCol(run, name, 1, "executor_job").empty()) << "not run as a Slurm job";
+  }
+  EXPECT_EQ(AttemptCol(run, "train", 1, "outcome"), "spot_interruption");
+  EXPECT_NE(AttemptCol(run, "train", 1, "executor_job"), AttemptCol(run, "train", 2, "executor_job"));
+}
+
 TEST(Slurm, AFailingCommandFailsWithItsCodeAndLastLine) {
   auto r = RunTrnflow("run " +
                       WriteTempFile("fail.yaml", OneStage("slurm-fail",
