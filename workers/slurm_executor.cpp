@@ -200,10 +200,9 @@ std::string WrapperScript(const fs::path& dir, const std::string& workdir,
     << limits.address_space / 1024 << " -u " << limits.processes << " -f "
     << limits.file_size / 512 << " -n " << limits.open_files
     << " 2>/dev/null\n"
-       "setsid ";
+       "setsid setpriv --pdeathsig=KILL ";  // dies with the wrapper, whatever Slurm tracks
   if (id.switch_user)
-    s << "setpriv --reuid=" << id.uid << " --regid=" << id.gid
-      << " --clear-groups --pdeathsig=KILL ";
+    s << "--reuid=" << id.uid << " --regid=" << id.gid << " --clear-groups ";
   s << "env -i \"${jobenv[@]}\"";
   for (const auto& a : argv) s << ' ' << ShellQuote(a);
   s << " < /dev/null >> \"$dir/output.log\" 2>&1 &\n"
