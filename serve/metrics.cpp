@@ -1,5 +1,6 @@
 #include "serve/metrics.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -55,8 +56,8 @@ std::string Value(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // the shortest text that reads back as v
+  return std::string(buf, r.ptr);
 }
 
 }  // namespace

@@ -247,8 +247,16 @@ class Dashboard {
         ApiRequest r;
         for (const auto& [k, v] : req.params) r.params.try_emplace(k, v);
         if (req.matches.size() > 1) r.id = req.matches[1];
-        auto c = ConnectionFor(who);
-        auto body = it->second(**c, r);
+        std::optional<std::string> body;
+        try {
+          auto c = ConnectionFor(who);
+          body = it->second(**c, r);
+        } catch (const CatalogUnavailable&) {
+          // A pooled connection the server dropped (a restart): reads are safe to try again,
+          // once, on a fresh one.
+          auto c = ConnectionFor(who);
+          body = it->second(**c, r);
+        }
         if (!body) throw HttpError(404, "not found (or not yours to see)");
         res.set_header("Cache-Control", "no-store");
         res.set_content(*body + "\n", "application/json");

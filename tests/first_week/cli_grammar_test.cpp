@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/daemon.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -59,11 +60,13 @@ const std::vector<std::string>& Commands() {
 }
 
 // Commands that only act or are daemons: they print one line of what they did, or logs.
+// `serve` is a daemon too: what it serves over HTTP is the JSON of the commands walked here
+// (tests/serve checks /api against their --format json).
 const std::set<std::string> kNoData = {
     "cancel",        "resume",         "retry",          "db migrate",      "worker",
     "scheduler",     "schedule add",   "schedule pause", "schedule resume", "schedule rm",
     "cache rm",      "cache untrust",  "budget set",     "budget rm",       "project add",
-    "project grant", "schedule update"};
+    "project grant", "schedule update", "serve"};
 
 // Every "" in `j` (a value that should have been null), as JSON pointers; and values that
 // break the rules by key: ids must be strings, dollars numbers.
@@ -121,6 +124,12 @@ const Fixture& Data() {
               0);
     auto cache = nlohmann::json::parse(RunTrnflow("cache ls --format json").out, nullptr, false);
     if (cache.is_array() && !cache.empty()) f.cache_key = cache[0]["key"].get<std::string>();
+    // A live worker for `workers`, in a pool nothing here uses (it never runs a stage).
+    static trnflow::testing::Daemon worker("grammar-worker", {"worker", "--pool", "gpu=1"});
+    worker.Start();
+    EXPECT_TRUE(trnflow::testing::WaitFor(
+        [] { return RunTrnflow("workers --format json").out.find("\"gpu\"") != std::string::npos; },
+        30));
     return f;
   }();
   return f;

@@ -49,10 +49,10 @@ struct Shell {
   std::string out;
 };
 
-// Runs a shell command; stdout (and stderr, appended) as text.
+// Runs a shell command; its stdout (and stderr, unless `cmd` sends it elsewhere) as text.
 Shell Sh(const std::string& cmd) {
   Shell r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  FILE* p = popen((cmd.find("2>") == std::string::npos ? cmd + " 2>&1" : cmd).c_str(), "r");
   if (!p) return r;
   char buf[4096];
   size_t n;
@@ -142,18 +142,30 @@ std::string ArtifactDir() {
 // kept as a test artifact).
 std::string Browse(const std::string& url, const std::string& screenshot = "",
                    int budget_ms = 8000) {
-  std::string profile = fs::temp_directory_path() / ("trnflow-chromium-" + std::to_string(getpid()));
-  std::string common = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
-                       "--no-first-run --user-data-dir=" + profile +
-                       " --virtual-time-budget=" + std::to_string(budget_ms) + " ";
+  static int calls = 0;
+  // A profile of its own each time: chromium started again on a profile it used waits on it.
+  auto fresh = [] {
+    std::string p = fs::temp_directory_path() /
+                    ("trnflow-chromium-" + std::to_string(getpid()) + "-" + std::to_string(++calls));
+    fs::remove_all(p);
+    return p;
+  };
+  auto common = [&](const std::string& profile) {
+    return "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+           "--no-first-run --user-data-dir=" + profile + " --virtual-time-budget=" +
+           std::to_string(budget_ms) + " ";
+  };
   if (!screenshot.empty()) {
-    Shell s = Sh("cd " + ArtifactDir() + " && timeout 120 " + common +
-                 "--window-size=1400,1100 --hide-scrollbars --screenshot=" + ArtifactDir() + "/" +
-                 screenshot + " '" + url + "'");
+    std::string profile = fresh();
+    Shell s = Sh(common(profile) + "--window-size=1400,1100 --hide-scrollbars --screenshot=" +
+                 ArtifactDir() + "/" + screenshot + " '" + url + "'");
+    fs::remove_all(profile);
     EXPECT_EQ(s.code, 0) << s.out;
     EXPECT_TRUE(fs::exists(ArtifactDir() + "/" + screenshot)) << s.out;
   }
-  Shell s = Sh("timeout 120 " + common + "--dump-dom '" + url + "' 2>/dev/null");
+  std::string profile = fresh();
+  Shell s = Sh(common(profile) + "--dump-dom '" + url + "' 2>/dev/null");
+  fs::remove_all(profile);
   EXPECT_EQ(s.code, 0) << s.out;
   return s.out;
 }
@@ -242,10 +254,10 @@ constexpr char kSlow[] = R"(pipeline: slow-chain
 project: climate-lab
 stages:
   first:
-    run: ["sleep", "2"]
+    run: ["sleep", "3"]
     instance: c6i.xlarge
   second:
-    run: ["sleep", "2"]
+    run: ["sleep", "3"]
     instance: c6i.xlarge
     needs: [first]
   third:
@@ -530,8 +542,8 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
   std::string id = std::to_string(run.load());
 
   // The page, opened while the run goes on, follows it without a reload.
-  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id,
-                           "live-run.png", 20000);
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id, "",
+                           30000);
   reader.join();
   ASSERT_EQ(live.status, 200);
   std::vector<std::string> seen;  // "stage:state" of this run, in order
