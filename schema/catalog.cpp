@@ -1498,6 +1498,15 @@ int64_t Catalog::LatestChangeId() {
   });
 }
 
+int64_t Catalog::PruneChanges(double max_age_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "PruneChanges", max_age_s);
+    tx.commit();
+    return static_cast<int64_t>(r.affected_rows());
+  });
+}
+
 std::vector<MetricRow> Catalog::Metrics() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

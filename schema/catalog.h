@@ -554,6 +554,8 @@ class Catalog {
   // State changes after `after_id`, oldest first, at most `limit`.
   std::vector<ChangeRow> ChangesSince(int64_t after_id, int limit);
   int64_t LatestChangeId();
+  // Deletes changes older than `max_age_s`; returns how many.
+  int64_t PruneChanges(double max_age_s);
   // Every /metrics sample, from the ledger and the live tables (schema/queries/serve.sql).
   std::vector<MetricRow> Metrics();
 

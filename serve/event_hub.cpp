@@ -59,6 +59,7 @@ void EventHub::Loop() {
   auto log = Logger("serve.events");
   std::unique_ptr<schema::Catalog> c;
   auto last_poll = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  auto last_prune = std::chrono::steady_clock::now() - std::chrono::hours(2);
   while (!stop_) {
     try {
       if (!c) {
@@ -68,6 +69,11 @@ void EventHub::Loop() {
       }
       auto n = c->AwaitNotifications(500);
       auto now = std::chrono::steady_clock::now();
+      // The feed keeps a week: enough to resume any stream, never growing without end.
+      if (now - last_prune > std::chrono::hours(1)) {
+        last_prune = now;
+        if (int64_t gone = c->PruneChanges(7 * 86400.0)) log->info("pruned {} old changes", gone);
+      }
       // A notification says there is something new; every 2 s the hub looks anyway, in case
       // one was lost with a connection.
       if (n.changes == 0 && now - last_poll < std::chrono::seconds(2)) continue;

@@ -26,6 +26,10 @@ WHERE c.id > $1
 ORDER BY c.id
 LIMIT $2;
 
+-- name: PruneChanges
+-- Changes older than $1 seconds: a stream resumes from minutes ago, never from last week.
+DELETE FROM trnflow.changes WHERE at < now() - make_interval(secs => $1);
+
 -- name: LatestChangeId
 SELECT coalesce(max(id), 0) FROM trnflow.changes;
 

@@ -93,15 +93,25 @@ function sortableTable(id, cols, rows, totalRow) {
 }
 
 // --- live updates -------------------------------------------------------------------------
+// Every page registers how to follow changes (`onChange`) and how to re-read itself
+// (`refresh`): the event stream drives the first; when the server refuses a stream (too many,
+// a proxy without streaming), the page polls with the second every 5 s instead.
 const listeners = [];
-let source = null;
-function onChange(fn) {
+let source = null, polling = null, refresh = null;
+function onChange(fn, reread) {
   listeners.push(fn);
+  refresh = reread || refresh;
   if (source) return;
   source = new EventSource('/api/events');
   const live = document.getElementById('live');
-  source.addEventListener('open', () => live.classList.add('on'));
-  source.addEventListener('error', () => live.classList.remove('on'));
+  source.addEventListener('open', () => { live.classList.add('on'); live.title = 'live'; });
+  source.addEventListener('error', () => {
+    live.classList.remove('on');
+    if (source.readyState === EventSource.CLOSED && !polling && refresh) {
+      live.title = 'polling every 5 s';
+      polling = setInterval(refresh, 5000);
+    }
+  });
   source.addEventListener('change', ev => {
     const c = JSON.parse(ev.data);
     for (const f of listeners) f(c);
@@ -150,7 +160,7 @@ async function pageRuns(main) {
     ], runs, { run_id: 'total', cost_usd: dollarsMicros(total) }));
   };
   await load();
-  onChange(debounce(load, 500));
+  onChange(debounce(load, 500), load);
 }
 
 // Longest-path depth of each stage from its roots: the DAG's columns.
@@ -297,6 +307,7 @@ async function pageRun(main, id) {
   const load = async () => draw(await api('/api/runs/' + id));
   await load();
   const reload = debounce(load, 400);
+  refresh = load;
   onChange(c => {
     if (c.run_id !== id) return;
     if (c.stage) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -124,12 +125,6 @@ const Fixture& Data() {
               0);
     auto cache = nlohmann::json::parse(RunTrnflow("cache ls --format json").out, nullptr, false);
     if (cache.is_array() && !cache.empty()) f.cache_key = cache[0]["key"].get<std::string>();
-    // A live worker for `workers`, in a pool nothing here uses (it never runs a stage).
-    static trnflow::testing::Daemon worker("grammar-worker", {"worker", "--pool", "gpu=1"});
-    worker.Start();
-    EXPECT_TRUE(trnflow::testing::WaitFor(
-        [] { return RunTrnflow("workers --format json").out.find("\"gpu\"") != std::string::npos; },
-        30));
     return f;
   }();
   return f;
@@ -180,6 +175,13 @@ TEST(CliGrammar, EveryJsonOutputParsesAndFollowsTheRules) {
   ASSERT_FALSE(f.run_id.empty());
   ASSERT_FALSE(f.cache_key.empty());
   auto args = ArgsFor(f);
+  // A live worker for `workers`, in a pool nothing here uses (it never runs a stage); stopped
+  // before the database is dropped.
+  trnflow::testing::Daemon worker("grammar-worker", {"worker", "--pool", "gpu=1"});
+  worker.Start();
+  ASSERT_TRUE(trnflow::testing::WaitFor(
+      [] { return RunTrnflow("workers --format json").out.find("\"gpu\"") != std::string::npos; },
+      30));
   int walked = 0;
   for (const auto& cmd : Commands()) {
     if (kNoData.count(cmd)) continue;
@@ -200,6 +202,7 @@ TEST(CliGrammar, EveryJsonOutputParsesAndFollowsTheRules) {
     }
   }
   EXPECT_GE(walked, 20);
+  worker.Kill(SIGTERM);
 }
 
 TEST(CliGrammar, JsonSaysWhatTheTablesSay) {

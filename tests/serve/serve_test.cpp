@@ -21,7 +21,10 @@
 #include <sstream>
 #include <thread>
 
+#include "common/error.h"
 #include "schema/catalog.h"
+#include "serve/metrics.h"
+#include "serve/server.h"
 #include "tests/daemon.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
@@ -648,6 +651,48 @@ TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
             403);
   // Her connections go back to the login's own role; alice again still sees only hers.
   EXPECT_EQ(Json(Get(proxy_port_, "/api/runs", alice).body).size(), 1u);
+}
+
+// The text format by itself: HELP and TYPE once per metric, label values escaped, a metric it
+// does not know kept (untyped) rather than dropped, numbers that read back exactly.
+TEST(ServeMetrics, TheTextFormatIsWellFormed) {
+  std::string text = serve::FormatMetrics({
+      {"trnflow_spend_usd_total", R"({"project":"a\"b\\c\nd"})", 0.799283},
+      {"trnflow_spend_usd_total", R"({"project":"x"})", 2},
+      {"trnflow_something_new", "{}", 1.5},
+  });
+  EXPECT_EQ(text,
+            "# HELP trnflow_something_new trnflow metric\n"
+            "# TYPE trnflow_something_new untyped\n"
+            "trnflow_something_new 1.5\n"
+            "# HELP trnflow_spend_usd_total Dollars charged by closed attempts (the ledger).\n"
+            "# TYPE trnflow_spend_usd_total counter\n"
+            "trnflow_spend_usd_total{project=\"a\\\"b\\\\c\\nd\"} 0.799283\n"
+            "trnflow_spend_usd_total{project=\"x\"} 2\n");
+  std::string file = WriteTempFile("format.txt", text);
+  Shell check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out;
+}
+
+TEST(ServeOptions, ListenAddressesAndLoopback) {
+  serve::Options o;
+  serve::ParseListen("127.0.0.1:8080", o);
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_EQ(o.port, 8080);
+  serve::ParseListen("[::1]:0", o);
+  EXPECT_EQ(o.host, "::1");
+  EXPECT_EQ(o.port, 0);
+  serve::ParseListen(":9000", o);
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_FALSE(serve::IsLoopback(o.host));
+  EXPECT_TRUE(serve::IsLoopback("127.0.0.2"));
+  EXPECT_TRUE(serve::IsLoopback("localhost"));
+  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:"})
+    EXPECT_THROW(serve::ParseListen(bad, o), UserError) << bad;
+  // And the command refuses to serve everything to the network without a login.
+  auto r = RunTrnflow("serve --listen 0.0.0.0:0");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("loopback addresses only"), std::string::npos) << r.err;
 }
 
 }  // namespace
