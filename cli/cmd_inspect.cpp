@@ -102,7 +102,8 @@ nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query
                    {"created_at", r.created_at},
                    {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
                                                          : nlohmann::json(r.finished_at)},
-                   {"cost_usd", Usd(r.cost)}});
+                   {"cost_usd", Usd(r.cost)},
+                   {"wasted_usd", Usd(r.wasted)}});
   return out;
 }
 

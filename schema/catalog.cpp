@@ -717,6 +717,7 @@ RunRow ReadRun(const pqxx::row& row) {
   if (!row[10].as<std::string>().empty()) r.budget = MoneyOf(row[10]);
   r.wall_seconds = row[11].as<double>();
   r.cancel_reason = row[12].as<std::string>();
+  r.wasted = MoneyOf(row[13]);
   return r;
 }
 }  // namespace

@@ -174,6 +174,7 @@ struct RunRow {
   std::optional<Money> budget;
   double wall_seconds = 0;
   std::string cancel_reason;  // "" unless cancelled: cancelled | budget_exceeded
+  Money wasted;               // closed attempts' work lost to interruptions and failures
 };
 
 // `trnflow runs` and the dashboard's /api/runs: every filter optional ("" = any).

@@ -19,7 +19,8 @@ SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
                  FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
        coalesce(r.budget_usd::text, ''),
        extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
-       coalesce(r.cancel_reason, '')
+       coalesce(r.cancel_reason, ''),
+       coalesce((SELECT sum(a.wasted_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text
 FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR r.state = $2)
   AND ($4::bigint = 0 OR r.id = $4::bigint)

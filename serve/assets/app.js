@@ -147,8 +147,8 @@ async function pageRuns(main) {
       const end = r.finished_at ? Date.parse(r.finished_at) : now;
       r.duration_s = (end - Date.parse(r.created_at)) / 1000;
     }
-    let total = 0;
-    for (const r of runs) total += micros(r.cost_usd);
+    let total = 0, wasted = 0;
+    for (const r of runs) { total += micros(r.cost_usd); wasted += micros(r.wasted_usd); }
     holder.replaceChildren(runs.length === 0 ? el('p', { class: 'muted' }, 'no runs') : sortableTable('runs', [
       { key: 'run_id', label: 'Run', num: true, sort: r => Number(r.run_id), fmt: v => el('a', { href: '/runs/' + v }, v) },
       { key: 'pipeline', label: 'Pipeline' },
@@ -157,7 +157,8 @@ async function pageRuns(main) {
       { key: 'created_at', label: 'Created' },
       { key: 'duration_s', label: 'Duration', num: true, fmt: duration },
       { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
-    ], runs, { run_id: 'total', cost_usd: dollarsMicros(total) }));
+      { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
+    ], runs, { run_id: 'total', cost_usd: dollarsMicros(total), wasted_usd: dollarsMicros(wasted) }));
   };
   await load();
   onChange(debounce(load, 500), load);

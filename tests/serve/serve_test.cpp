@@ -487,6 +487,26 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   EXPECT_EQ(ById(dom, "run-interruptions"), "1");
 }
 
+TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
+  std::string url = "http://127.0.0.1:" + std::to_string(port_) + "/runs";
+  std::string all = Browse(url, "runs.png");
+  std::string climate = "<a href=\"/runs/" + std::to_string(climate_run_) + "\">";
+  std::string other = "<a href=\"/runs/" + std::to_string(other_run_) + "\">";
+  EXPECT_NE(all.find(climate), std::string::npos) << all.substr(0, 3000);
+  EXPECT_NE(all.find(other), std::string::npos);
+  std::string filtered = Browse(url + "?project=other-lab&state=succeeded");
+  EXPECT_EQ(filtered.find(climate), std::string::npos);
+  EXPECT_NE(filtered.find(other), std::string::npos);
+  // The total is the runs' costs added in micro-dollars, printed as the CLI prints money.
+  int64_t micros = 0;
+  for (const auto& r : CliJson("runs --format json"))
+    micros += std::llround(r["cost_usd"].get<double>() * 1e6);
+  char want[32];
+  std::snprintf(want, sizeof want, "$%lld.%02lld", static_cast<long long>((micros + 5000) / 1000000),
+                static_cast<long long>(((micros + 5000) / 10000) % 100));
+  EXPECT_EQ(ById(all, "runs-total-cost_usd"), want);
+}
+
 TEST_F(Serve, TheSpendPageEqualsTrnflowSpendToTheCent) {
   std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/spend", "spend.png");
   for (const std::string by : {"project", "instance", "month"}) {
