@@ -1465,6 +1465,14 @@ std::vector<std::string> Catalog::MemberProjects(const std::string& role) {
   });
 }
 
+bool Catalog::MayWrite(const std::string& role, const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "MayWrite", role, project);
+    return !r.empty() && !r[0][0].is_null() && r[0][0].as<bool>();
+  });
+}
+
 std::vector<std::string> Catalog::VisibleProjects() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -552,6 +552,8 @@ class Catalog {
   std::vector<std::string> MemberProjects(const std::string& role);
   // The projects the current role sees.
   std::vector<std::string> VisibleProjects();
+  // Whether login role `role` may write (submit, cancel, retry, resume) in `project`.
+  bool MayWrite(const std::string& role, const std::string& project);
   // State changes after `after_id`, oldest first, at most `limit`.
   std::vector<ChangeRow> ChangesSince(int64_t after_id, int limit);
   int64_t LatestChangeId();

@@ -14,6 +14,7 @@
 #include "common/embedded.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "schema/catalog.h"
 #include "serve/event_hub.h"
 #include "serve/metrics.h"
@@ -132,7 +133,8 @@ std::string ChangeEvent(const schema::ChangeRow& c) {
 
 class Dashboard {
  public:
-  explicit Dashboard(const Options& o) : o_(o), pool_(o.database_url), hub_(o.database_url) {}
+  explicit Dashboard(const Options& o)
+      : o_(o), pool_(o.database_url), hub_(o.database_url), csrf_secret_(schema::RandomSecret()) {}
 
   void Run(const std::atomic<bool>& stop, const std::function<void(int)>& on_listening) {
     auto log = Logger("serve");
@@ -305,7 +307,9 @@ class Dashboard {
                                                       : nlohmann::json(who.role)},
                             {"auth", o_.auth == Auth::kLocal ? "local" : "proxy"},
                             {"projects", who.all ? nlohmann::json(nullptr)
-                                                 : nlohmann::json(who.projects)}};
+                                                 : nlohmann::json(who.projects)},
+                            {"csrf_token", CsrfToken(who)}};
+        res.set_header("Cache-Control", "no-store");
         res.set_content(j.dump() + "\n", "application/json");
       });
     });
@@ -320,6 +324,8 @@ class Dashboard {
     svr.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) {
       Events(req, res);
     });
+    svr.Post(R"(/api/runs/(\d+)/(cancel|resume|retry))",
+             [this](const httplib::Request& req, httplib::Response& res) { Write(req, res); });
   }
 
   // Server-Sent Events: the state changes this request's role may see, from the id in
@@ -397,9 +403,60 @@ class Dashboard {
     return (*c)->ChangesSince(after, 10000);
   }
 
+  // The token a write must carry (X-CSRF-Token): bound to the user and to this process, read
+  // from /api/me, which another site's page cannot read (no CORS), and sent in a header, which
+  // another site's form cannot set.
+  std::string CsrfToken(const Who& who) const {
+    return Sha256Hex(csrf_secret_ + "\n" + who.role);
+  }
+
+  // POST /api/runs/ID/cancel|resume|retry?stage=NAME: as the person, who must see the run and
+  // be a writer of its project (any request with --auth local: the operator on this host).
+  void Write(const httplib::Request& req, httplib::Response& res) {
+    Guarded(res, [&] {
+      Who who = Identify(req);
+      if (req.get_header_value("X-CSRF-Token") != CsrfToken(who))
+        throw HttpError(403, "missing or wrong X-CSRF-Token (read it from /api/me)");
+      int64_t run_id = std::stoll(std::string(req.matches[1]));
+      std::string action = req.matches[2];
+      std::string project;
+      {
+        auto c = ConnectionFor(who);
+        auto run = (*c)->GetRun(run_id);
+        if (!run) throw HttpError(404, "not found (or not yours to see)");
+        project = run->project;
+      }
+      if (!who.role.empty()) {
+        auto c = pool_.Take();
+        if (!(*c)->MayWrite(who.role, project))
+          throw HttpError(403, "'" + who.role + "' may read project " + project +
+                               " but not write it (`trnflow project grant " + project + " " +
+                               who.role + " --write`)");
+      }
+      // The catalog's functions check the login (the daemons'): the person was checked above.
+      auto c = pool_.Take();
+      nlohmann::json out = {{"run_id", std::to_string(run_id)}, {"action", action}};
+      if (action == "cancel") {
+        auto r = (*c)->CancelRun(run_id);
+        out["cancelled"] = r.cancelled;
+        out["stages_cancelled"] = r.stages_cancelled;
+      } else if (action == "resume") {
+        out["stages_reset"] = (*c)->ResumeRun(run_id);
+      } else {
+        std::string stage = req.get_param_value("stage");
+        if (stage.empty()) throw UserError("retry needs ?stage=NAME");
+        out["stages_reset"] = (*c)->RetryStage(run_id, stage);
+      }
+      Logger("serve")->info("{} run={} by={}", action, run_id,
+                            who.role.empty() ? "local" : who.role);
+      res.set_content(out.dump() + "\n", "application/json");
+    });
+  }
+
   const Options& o_;
   CatalogPool pool_;
   EventHub hub_;
+  std::string csrf_secret_;
 };
 
 }  // namespace

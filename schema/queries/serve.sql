@@ -9,6 +9,10 @@ WHERE m.rolname = $1 AND m.rolcanlogin
   AND trnflow.has_role(m.rolname, trnflow.project_role(p.name))
 ORDER BY p.name;
 
+-- name: MayWrite
+-- Whether role $1 may submit, cancel, retry and resume in project $2 (its writer role).
+SELECT trnflow.has_role($1, trnflow.project_writer_role($2));
+
 -- name: VisibleProjects
 -- The projects the current role sees (row-level security decides).
 SELECT name FROM trnflow.projects ORDER BY name;

@@ -268,6 +268,36 @@ function drawTimeline(run) {
   return root;
 }
 
+// Cancel, resume and retry: POSTed with the CSRF token of /api/me; the catalog and the
+// dashboard decide whether this person may (a writer of the run's project).
+async function act(id, action, stage, note) {
+  if (!me) await whoami();
+  const q = stage ? '?stage=' + encodeURIComponent(stage) : '';
+  note.textContent = action + '…';
+  try {
+    const r = await fetch(`/api/runs/${id}/${action}${q}`, {
+      method: 'POST', credentials: 'same-origin', headers: { 'X-CSRF-Token': me ? me.csrf_token : '' } });
+    const body = await r.json().catch(() => ({ error: r.statusText }));
+    note.textContent = r.ok ? `${action}: done` : `${action}: ${body.error}`;
+    note.className = r.ok ? 'muted' : 'error';
+  } catch (e) {
+    note.textContent = `${action}: ${e.message}`;
+    note.className = 'error';
+  }
+}
+
+function actions(run) {
+  const r = run.run;
+  const note = el('span', { id: 'action-note', class: 'muted' });
+  const stage = el('select', { id: 'retry-stage' }, run.stages.map(s => el('option', { value: s.name }, s.name)));
+  return el('div', { class: 'filters', id: 'actions' },
+    r.state === 'running' ? el('button', { id: 'cancel', onclick: () => act(r.run_id, 'cancel', null, note) }, 'Cancel run') : null,
+    r.state === 'failed' || r.state === 'cancelled'
+      ? el('button', { id: 'resume', onclick: () => act(r.run_id, 'resume', null, note) }, 'Resume run') : null,
+    r.state !== 'running' ? [stage, el('button', { id: 'retry', onclick: () => act(r.run_id, 'retry', stage.value, note) }, 'Retry stage')] : null,
+    note);
+}
+
 async function pageRun(main, id) {
   const draw = run => {
     const r = run.run;
@@ -289,6 +319,7 @@ async function pageRun(main, id) {
         el('div', { class: 'card' }, 'Attempts', el('b', {}, attempts)),
         el('div', { class: 'card' }, 'Spot interruptions', el('b', { id: 'run-interruptions' }, interruptions)),
         el('div', { class: 'card' }, 'Created', el('b', {}, r.created_at))),
+      actions(run),
       el('h2', {}, 'Stages'), drawDag(run),
       el('h2', {}, 'Timeline'),
       el('div', { class: 'legend' },
@@ -360,9 +391,10 @@ async function pageList(main, title, path, cols) {
     rows.length === 0 ? el('p', { class: 'muted' }, 'none') : sortableTable(title.toLowerCase(), cols, rows));
 }
 
+let me = null;
 async function whoami() {
   try {
-    const me = await api('/api/me');
+    me = await api('/api/me');
     document.getElementById('who').textContent = me.role ? `as ${me.role}` : 'local';
   } catch (e) { /* the page says it */ }
 }

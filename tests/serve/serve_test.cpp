@@ -673,6 +673,72 @@ TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
   EXPECT_EQ(Json(Get(proxy_port_, "/api/runs", alice).body).size(), 1u);
 }
 
+Http Post(int port, const std::string& path, const httplib::Headers& headers) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto r = c.Post(path.c_str(), headers, "", "application/x-www-form-urlencoded");
+  if (!r) return {};
+  return {r->status, r->body};
+}
+
+TEST_F(Serve, WritesNeedAWriterAndTheCsrfToken) {
+  std::string bob = "trnflow_test_" + TestDatabase::database_name() + "_bob";
+  TestDatabase::NewLogin("bob");
+  ASSERT_EQ(RunTrnflow("project grant other-lab " + bob + " --read").exit_code, 0);
+  auto sub = RunTrnflow("submit " +
+                        WriteTempFile("long.yaml", "pipeline: long-work\nproject: other-lab\n"
+                                                   "stages:\n  wait:\n    run: [\"sleep\", \"60\"]\n"
+                                                   "    instance: c6i.xlarge\n") +
+                        " --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  auto state = [&] { return Query("SELECT state FROM trnflow.runs WHERE id = " + run); };
+  ASSERT_TRUE(WaitFor([&] {
+    return Query("SELECT state FROM trnflow.stages WHERE run_id = " + run) == "running";
+  }, 30));
+  auto token = [&](const std::string& who) {
+    return Json(Get(proxy_port_, "/api/me", {{"X-Forwarded-User", who}}).body)["csrf_token"]
+        .get<std::string>();
+  };
+  std::string cancel = "/api/runs/" + run + "/cancel";
+  // No token, a wrong one, another person's: refused, nothing changes.
+  EXPECT_EQ(Post(proxy_port_, cancel, {{"X-Forwarded-User", alice_}}).status, 403);
+  EXPECT_EQ(Post(proxy_port_, cancel, {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(bob)}})
+                .status,
+            403);
+  // A reader of the project may not write.
+  Http by_bob = Post(proxy_port_, cancel, {{"X-Forwarded-User", bob}, {"X-CSRF-Token", token(bob)}});
+  EXPECT_EQ(by_bob.status, 403) << by_bob.body;
+  EXPECT_NE(by_bob.body.find("not write"), std::string::npos) << by_bob.body;
+  // Nobody acts on a run they cannot see.
+  EXPECT_EQ(Post(proxy_port_, "/api/runs/" + std::to_string(climate_run_) + "/cancel",
+                 {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(alice_)}})
+                .status,
+            404);
+  EXPECT_EQ(state(), "running");
+  // The writer with her token cancels it, and may resume it.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(alice_)}};
+  Http ok = Post(proxy_port_, cancel, alice);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Json(ok.body)["cancelled"], true);
+  EXPECT_TRUE(WaitFor([&] { return state() == "cancelled"; }, 30)) << state();
+  ASSERT_TRUE(WaitFor([&] {  // its worker stops the running stage
+    return Query("SELECT state FROM trnflow.stages WHERE run_id = " + run) == "cancelled";
+  }, 30));
+  Http resumed = Post(proxy_port_, "/api/runs/" + run + "/resume", alice);
+  ASSERT_EQ(resumed.status, 200) << resumed.body;
+  EXPECT_GE(Json(resumed.body)["stages_reset"].get<int>(), 1);
+  EXPECT_EQ(state(), "running");
+  EXPECT_EQ(Post(proxy_port_, cancel, alice).status, 200);
+  // Bad input is 400: resuming a run that is not failed or cancelled (local: the operator).
+  std::string local_token = Json(Get(port_, "/api/me").body)["csrf_token"];
+  EXPECT_EQ(Post(port_, "/api/runs/" + std::to_string(climate_run_) + "/resume", {}).status, 403);
+  EXPECT_EQ(Post(port_, "/api/runs/" + std::to_string(climate_run_) + "/resume",
+                 {{"X-CSRF-Token", local_token}})
+                .status,
+            400);
+}
+
 // The text format by itself: HELP and TYPE once per metric, label values escaped, a metric it
 // does not know kept (untyped) rather than dropped, numbers that read back exactly.
 TEST(ServeMetrics, TheTextFormatIsWellFormed) {
