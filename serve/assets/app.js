@@ -96,12 +96,14 @@ function sortableTable(id, cols, rows, totalRow) {
 // Every page registers how to follow changes (`onChange`) and how to re-read itself
 // (`refresh`): the event stream drives the first; when the server refuses a stream (too many,
 // a proxy without streaming), the page polls with the second every 5 s instead.
+// `?live=0` in a page's URL turns both off: a still page (screenshots, printing, slow links).
+const LIVE = new URLSearchParams(location.search).get('live') !== '0';
 const listeners = [];
 let source = null, polling = null, refresh = null;
 function onChange(fn, reread) {
   listeners.push(fn);
   refresh = reread || refresh;
-  if (source) return;
+  if (source || !LIVE) return;
   source = new EventSource('/api/events');
   const live = document.getElementById('live');
   source.addEventListener('open', () => { live.classList.add('on'); live.title = 'live'; });

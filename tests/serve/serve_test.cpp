@@ -252,19 +252,20 @@ Sse ReadEvents(int port, httplib::Headers headers, const std::function<bool(cons
 constexpr char kOtherLab[] = "pipeline: other-work\nproject: other-lab\nstages:\n"
                              "  hello:\n    run: [\"true\"]\n    instance: c6i.xlarge\n";
 
-// Three run: stages in a chain, each a second or two of wall time: long enough to watch.
+// Three run: stages in a chain; the last waits until the test opens GATE (a file), so the
+// test decides when the run ends: after the browser watches it.
 constexpr char kSlow[] = R"(pipeline: slow-chain
 project: climate-lab
 stages:
   first:
-    run: ["sleep", "3"]
+    run: ["sleep", "1"]
     instance: c6i.xlarge
   second:
-    run: ["sleep", "3"]
+    run: ["sleep", "1"]
     instance: c6i.xlarge
     needs: [first]
   third:
-    run: ["sleep", "1"]
+    run: ["bash", "-c", "while [ ! -e GATE ]; do sleep 0.2; done"]
     instance: c6i.xlarge
     needs: [second]
 )";
@@ -456,7 +457,8 @@ TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
 
 TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   std::string run = std::to_string(climate_run_);
-  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run,
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
+                               "?live=0",
                            "run-" + run + ".png");
   auto show = CliJson("show " + run + " --format json");
   ASSERT_EQ(show["stages"].size(), 10u);
@@ -489,12 +491,12 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
 
 TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
   std::string url = "http://127.0.0.1:" + std::to_string(port_) + "/runs";
-  std::string all = Browse(url, "runs.png");
+  std::string all = Browse(url + "?live=0", "runs.png");
   std::string climate = "<a href=\"/runs/" + std::to_string(climate_run_) + "\">";
   std::string other = "<a href=\"/runs/" + std::to_string(other_run_) + "\">";
   EXPECT_NE(all.find(climate), std::string::npos) << all.substr(0, 3000);
   EXPECT_NE(all.find(other), std::string::npos);
-  std::string filtered = Browse(url + "?project=other-lab&state=succeeded");
+  std::string filtered = Browse(url + "?project=other-lab&state=succeeded&live=0");
   EXPECT_EQ(filtered.find(climate), std::string::npos);
   EXPECT_NE(filtered.find(other), std::string::npos);
   // The total is the runs' costs added in micro-dollars, printed as the CLI prints money.
@@ -508,7 +510,8 @@ TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
 }
 
 TEST_F(Serve, TheSpendPageEqualsTrnflowSpendToTheCent) {
-  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/spend", "spend.png");
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/spend?live=0",
+                           "spend.png");
   for (const std::string by : {"project", "instance", "month"}) {
     auto r = RunTrnflow("spend --by " + by);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -559,14 +562,30 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
                std::string::npos;
       },
       30));
-  auto sub = RunTrnflow("submit " + WriteTempFile("slow.yaml", kSlow) + " --format json");
+  std::string gate = fs::temp_directory_path() / ("trnflow-serve-gate-" + std::to_string(getpid()));
+  fs::remove(gate);
+  std::string yaml = std::regex_replace(std::string(kSlow), std::regex("GATE"), gate);
+  auto sub = RunTrnflow("submit " + WriteTempFile("slow.yaml", yaml) + " --format json");
   ASSERT_EQ(sub.exit_code, 0) << sub.err;
   run = std::stoll(Json(sub.out)["run_id"].get<std::string>());
   std::string id = std::to_string(run.load());
 
-  // The page, opened while the run goes on, follows it without a reload.
-  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id, "",
-                           30000);
+  // The page, opened while the run goes on, follows it without a reload: the last stage ends
+  // only once the page is open and following the stream (two streams: it and the reader).
+  std::string dom;
+  std::thread browser([&] {
+    dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id, "", 30000);
+  });
+  bool watching = WaitFor(
+      [&] {
+        return Get(port_, "/metrics").body.find("\ntrnflow_serve_event_clients 2\n") !=
+               std::string::npos;
+      },
+      60);
+  std::ofstream(gate) << "go\n";
+  browser.join();
+  fs::remove(gate);
+  EXPECT_TRUE(watching) << "the browser never opened the event stream";
   reader.join();
   ASSERT_EQ(live.status, 200);
   std::vector<std::string> seen;  // "stage:state" of this run, in order
