@@ -6,6 +6,8 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <ctime>
+#include <regex>
 #include <set>
 
 #include "common/duration.h"
@@ -148,6 +150,27 @@ double ParseDurationFlag(const std::string& flag, const std::string& text) {
         (!has_unit && !text.empty() ? std::string(" (a bare number has no unit)") : std::string()));
   return *d * scale;
 }
+
+// A date (2026-11-01) or a time ago (7d, 12h, 2w: the UTC date that long before now).
+std::string ReadDateFlag(const std::string& flag, const std::string& d) {
+  static const std::regex date(R"(\d{4}-\d{2}-\d{2})");
+  if (d.empty() || std::regex_match(d, date)) return d;
+  double ago = 0;
+  try {
+    ago = ParseDurationFlag(flag, d);
+  } catch (const UserError&) {
+    ago = -1;
+  }
+  if (ago <= 0 || ago > 100 * 365 * 86400.0)
+    throw UserError(flag + " " + d +
+                    ": expected a date like 2026-11-01 or a time ago with its unit, like 7d, "
+                    "12h or 2w");
+  std::time_t t = std::time(nullptr) - static_cast<std::time_t>(ago);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
 
 void RequireProject(schema::Catalog& catalog, const std::string& project) {
   if (project.empty() || catalog.ProjectExists(project)) return;

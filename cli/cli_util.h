@@ -64,6 +64,16 @@ struct ScheduleUpdateArgs {
   bool reset_params = false;        // drop the stored params first
 };
 
+// `trnflow serve` (docs/serve.md).
+struct ServeArgs {
+  std::string listen = "127.0.0.1:8080";
+  std::string auth = "local";                    // local | proxy
+  std::string user_header = "X-Forwarded-User";  // --auth proxy: who the request is
+  int max_clients = 64;                          // event streams at once
+  double heartbeat_s = 15;                       // event stream comment lines when idle
+  double stream_lifetime_s = 300;                // then the browser reconnects and resumes
+};
+
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
 };
@@ -122,6 +132,10 @@ inline nlohmann::json OrNull(const std::string& s) {
 inline nlohmann::json IdOrNull(int64_t id) {
   return id > 0 ? nlohmann::json(std::to_string(id)) : nlohmann::json(nullptr);
 }
+
+// A date flag: 2026-11-01 as it is, or a time ago with its unit (7d, 12h, 2w) as the UTC date
+// that long before now; "" stays "". Throws UserError naming the flag otherwise.
+std::string ReadDateFlag(const std::string& flag, const std::string& text);
 
 // Throws UserError (exit 2) when `project` is given and does not exist, with the closest name.
 void RequireProject(schema::Catalog& catalog, const std::string& project);

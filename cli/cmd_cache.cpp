@@ -75,16 +75,10 @@ schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
 
 }  // namespace
 
-int CmdCacheList(const std::string& format) {
-  auto catalog = OpenCatalog();
-  std::vector<std::vector<std::string>> rows;
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  int64_t total = 0;
-  for (const auto& a : catalog->ListArtifacts()) {
-    Described d = Describe(a.manifest_json);
-    rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, a.state, Bytes(a.bytes),
-                    std::to_string(a.hits), a.last_used_at.substr(0, 19)});
-    out.push_back({{"key", a.key},
+namespace {
+nlohmann::ordered_json ArtifactJson(const schema::ArtifactRow& a) {
+  Described d = Describe(a.manifest_json);
+  return nlohmann::ordered_json({{"key", a.key},
                    {"digest", OrNull(a.digest)},
                    {"state", a.state},
                    {"model", d.model == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.model)},
@@ -96,11 +90,28 @@ int CmdCacheList(const std::string& format) {
                    {"hits", a.hits},
                    {"created_at", OrNull(a.created_at)},
                    {"last_used_at", OrNull(a.last_used_at)}});
-    total += a.bytes;
-  }
+}
+}  // namespace
+
+nlohmann::ordered_json CacheListJson(schema::Catalog& catalog) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& a : catalog.ListArtifacts()) out.push_back(ArtifactJson(a));
+  return out;
+}
+
+int CmdCacheList(const std::string& format) {
+  auto catalog = OpenCatalog();
   if (format == "json") {
-    std::cout << out.dump(2) << "\n";
+    std::cout << CacheListJson(*catalog).dump(2) << "\n";
     return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  int64_t total = 0;
+  for (const auto& a : catalog->ListArtifacts()) {
+    Described d = Describe(a.manifest_json);
+    rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, a.state, Bytes(a.bytes),
+                    std::to_string(a.hits), a.last_used_at.substr(0, 19)});
+    total += a.bytes;
   }
   if (rows.empty()) {
     std::cout << "the cache is empty\n";

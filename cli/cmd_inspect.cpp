@@ -91,25 +91,31 @@ int CmdPlan(const RunArgs& a) {
   return kExitOk;
 }
 
-int CmdRuns(const std::string& project, const std::string& state, int limit,
-            const std::string& format) {
+nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query) {
+  RequireProject(catalog, query.project);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : catalog.ListRuns(query))
+    out.push_back({{"run_id", std::to_string(r.id)},
+                   {"project", r.project},
+                   {"pipeline", r.pipeline},
+                   {"state", r.state},
+                   {"created_at", r.created_at},
+                   {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
+                                                         : nlohmann::json(r.finished_at)},
+                   {"cost_usd", Usd(r.cost)},
+                   {"wasted_usd", Usd(r.wasted)}});
+  return out;
+}
+
+int CmdRuns(const schema::RunsQuery& query, const std::string& format) {
   auto catalog = OpenCatalog();
-  RequireProject(*catalog, project);
-  auto runs = catalog->ListRuns(project, state, limit);
   if (format == "json") {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : runs)
-      out.push_back({{"run_id", std::to_string(r.id)},
-                     {"project", r.project},
-                     {"pipeline", r.pipeline},
-                     {"state", r.state},
-                     {"created_at", r.created_at},
-                     {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
-                                                           : nlohmann::json(r.finished_at)},
-                     {"cost_usd", Usd(r.cost)}});
-    std::cout << out.dump(2) << "\n";
+    std::cout << RunsJson(*catalog, query).dump(2) << "\n";
     return kExitOk;
   }
+  RequireProject(*catalog, query.project);
+  const std::string& project = query.project;
+  auto runs = catalog->ListRuns(query);
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : runs)
     rows.push_back({std::to_string(r.id), r.pipeline, r.project,
@@ -210,6 +216,12 @@ std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages)
 }
 
 }  // namespace
+
+std::optional<nlohmann::json> ShowJson(schema::Catalog& catalog, int64_t run_id) {
+  auto run = catalog.GetRun(run_id);
+  if (!run) return std::nullopt;
+  return RunJson(catalog, *run, "");
+}
 
 void PrintRunJson(schema::Catalog& catalog, int64_t run_id) {
   auto run = catalog.GetRun(run_id);

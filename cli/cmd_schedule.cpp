@@ -181,10 +181,38 @@ int CmdScheduleAdd(const ScheduleArgs& a) {
   return kExitOk;
 }
 
+nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& s : catalog.ListSchedules()) {
+    auto n = NextSlots(s, 1);
+    FileCheck f = CheckFile(s);
+    out.push_back({{"name", s.name},
+                   {"file", s.file},
+                   {"file_state", std::string(ToString(f.state))},
+                   {"project", OrNull(s.project)},
+                   {"cron", s.cron},
+                   {"tz", s.tz},
+                   {"catchup", s.catchup},
+                   {"state", s.paused ? "paused" : "active"},
+                   {"next_at", n.empty() ? nlohmann::json(nullptr)
+                                         : nlohmann::json(date::format(
+                                               "%FT%RZ", std::chrono::floor<std::chrono::minutes>(
+                                                             n[0])))},
+                   {"fires", s.fires},
+                   {"last_run_id", IdOrNull(s.last_run)},
+                   {"params", StoredParams(s)},
+                   {"speed", s.speed}});
+  }
+  return out;
+}
+
 int CmdScheduleList(const std::string& format) {
   auto catalog = OpenCatalog();
+  if (format == "json") {
+    std::cout << ScheduleListJson(*catalog).dump(2) << "\n";
+    return kExitOk;
+  }
   std::vector<std::vector<std::string>> rows;
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::vector<std::string> changed;
   for (const auto& s : catalog->ListSchedules()) {
     auto n = NextSlots(s, 1);
@@ -196,26 +224,9 @@ int CmdScheduleList(const std::string& format) {
                            : f.state == FileCheck::State::kChanged ? "file changed"
                                                                    : "file not here";
     if (f.state == FileCheck::State::kChanged) changed.push_back(s.name);
-    out.push_back({{"name", s.name},
-                   {"file", s.file},
-                   {"file_state", std::string(ToString(f.state))},
-                   {"project", OrNull(s.project)},
-                   {"cron", s.cron},
-                   {"tz", s.tz},
-                   {"catchup", s.catchup},
-                   {"state", s.paused ? "paused" : "active"},
-                   {"next_at", n.empty() ? nlohmann::json(nullptr) : nlohmann::json(minute("%FT%RZ"))},
-                   {"fires", s.fires},
-                   {"last_run_id", IdOrNull(s.last_run)},
-                   {"params", StoredParams(s)},
-                   {"speed", s.speed}});
     rows.push_back({s.name, s.file, snapshot, s.cron, s.tz, s.catchup,
                     s.paused ? "paused" : "active", n.empty() ? "-" : minute("%F %R"),
                     std::to_string(s.fires), s.last_run ? std::to_string(s.last_run) : "-"});
-  }
-  if (format == "json") {
-    std::cout << out.dump(2) << "\n";
-    return kExitOk;
   }
   if (rows.empty()) {
     std::cout << "no schedules; add one with `trnflow schedule add NAME FILE --cron EXPR`\n";

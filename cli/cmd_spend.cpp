@@ -22,26 +22,6 @@ std::vector<std::string> SplitFields(const std::string& s) {
   return out;
 }
 
-// A date (2026-11-01) or a time ago (7d, 12h, 2w: the UTC date that long before now).
-std::string ReadDate(const std::string& flag, const std::string& d) {
-  static const std::regex date(R"(\d{4}-\d{2}-\d{2})");
-  if (d.empty() || std::regex_match(d, date)) return d;
-  double ago = 0;
-  try {
-    ago = ParseDurationFlag(flag, d);
-  } catch (const UserError&) {
-    ago = -1;
-  }
-  if (ago <= 0 || ago > 100 * 365 * 86400.0)
-    throw UserError(flag + " " + d +
-                    ": expected a date like 2026-11-01 or a time ago with its unit, like 7d, "
-                    "12h or 2w");
-  std::time_t t = std::time(nullptr) - static_cast<std::time_t>(ago);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
-  return buf;
-}
-
 std::string Csv(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";
@@ -53,27 +33,34 @@ double Usd(Money m) { return static_cast<double>(m.micros()) / 1e6; }
 
 }  // namespace
 
+nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& a) {
+  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until), SplitFields(a.by)};
+  RequireProject(catalog, a.project);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& r : catalog.Spend(q)) {
+    nlohmann::ordered_json j;
+    for (size_t i = 0; i < q.by.size(); ++i) j[q.by[i]] = OrNull(r.keys[i]);
+    j["attempts"] = r.attempts;
+    j["billed_hours"] = r.billed_hours;
+    j["cost_usd"] = Usd(r.cost);
+    j["wasted_usd"] = Usd(r.wasted);
+    j["saved_usd"] = Usd(r.saved);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
 int CmdSpend(const SpendArgs& a) {
-  schema::SpendQuery q{a.project, a.pipeline, ReadDate("--since", a.since),
-                       ReadDate("--until", a.until), SplitFields(a.by)};
   auto catalog = OpenCatalog();
-  RequireProject(*catalog, a.project);
-  auto rows = catalog->Spend(q);
   if (a.format == "json") {
-    nlohmann::ordered_json out = nlohmann::ordered_json::array();
-    for (const auto& r : rows) {
-      nlohmann::ordered_json j;
-      for (size_t i = 0; i < q.by.size(); ++i) j[q.by[i]] = OrNull(r.keys[i]);
-      j["attempts"] = r.attempts;
-      j["billed_hours"] = r.billed_hours;
-      j["cost_usd"] = Usd(r.cost);
-      j["wasted_usd"] = Usd(r.wasted);
-      j["saved_usd"] = Usd(r.saved);
-      out.push_back(std::move(j));
-    }
-    std::cout << out.dump(2) << "\n";
+    std::cout << SpendJson(*catalog, a).dump(2) << "\n";
     return kExitOk;
   }
+  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until), SplitFields(a.by)};
+  RequireProject(*catalog, a.project);
+  auto rows = catalog->Spend(q);
   if (a.format == "csv") {
     for (const auto& f : q.by) std::cout << f << ",";
     std::cout << "attempts,billed_hours,cost_usd,wasted_usd,saved_usd\n";
@@ -131,7 +118,7 @@ int CmdSpend(const SpendArgs& a) {
 }
 
 int CmdEvents(const EventsArgs& a) {
-  std::string since = ReadDate("--since", a.since);
+  std::string since = ReadDateFlag("--since", a.since);
   int64_t run_id = a.run.empty() ? 0 : ParseRunId(a.run);
   auto catalog = OpenCatalog();
   auto rows = catalog->EventLog(a.project, run_id, since, a.kind, a.limit);

@@ -25,8 +25,7 @@ int CmdWatch(const std::string& run, bool execute, const SandboxArgs& sandbox,
 int CmdCancel(const std::string& run);
 int CmdResume(const std::string& run);
 int CmdRetry(const std::string& run, const std::string& stage);
-int CmdRuns(const std::string& project, const std::string& state, int limit,
-            const std::string& format);
+int CmdRuns(const schema::RunsQuery& query, const std::string& format);
 int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
 // follow: keep printing what the run's attempts write until the run ends (`logs -f`).
 int CmdLogs(const std::string& run, const std::string& stage, bool follow,
@@ -83,6 +82,18 @@ std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_
 // What a stage of the run waits for, a sentence each (empty: no such stage).
 std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run_id,
                                            const std::string& stage);
+
+// The JSON the data commands print with --format json; the dashboard's /api serves the same
+// (cli/cmd_serve.cpp hands these to serve/). Each throws what its command would (UserError for
+// an unknown project, a bad flag).
+nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query);  // runs
+std::optional<nlohmann::json> ShowJson(schema::Catalog& catalog, int64_t run_id);  // show RUN
+nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& args);  // spend
+nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                     // cache ls
+nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                  // schedule ls
+nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                       // workers
+int CmdWorkers(const std::string& format);
+int CmdServe(const ServeArgs& args);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // The run as `trnflow show RUN --format json` prints it (`run` and `watch` with --format json

@@ -166,13 +166,17 @@ int main(int argc, char** argv) {
   AddRunOptions(plan, plan_args, false);
   AddFormat(plan, plan_args.format);
 
-  std::string runs_project, runs_state, runs_format = "table";
-  int runs_limit = 50;
+  schema::RunsQuery runs_query;
+  std::string runs_format = "table", runs_since;
   auto* runs = app.add_subcommand("runs", "list runs, newest first");
-  runs->add_option("--project", runs_project, "only this project");
-  runs->add_option("--state", runs_state, "only runs in this state")
+  runs->add_option("--project", runs_query.project, "only this project");
+  runs->add_option("--pipeline", runs_query.pipeline, "only runs of this pipeline");
+  runs->add_option("--state", runs_query.state, "only runs in this state")
       ->check(CLI::IsMember({"running", "succeeded", "failed", "cancelled"}));
-  runs->add_option("--limit", runs_limit, "at most this many (default 50)");
+  runs->add_option("--since", runs_since,
+                   "created on or after this day (YYYY-MM-DD, UTC) or a time ago (7d, 12h)");
+  runs->add_option("--limit", runs_query.limit, "at most this many (default 50)")
+      ->check(CLI::Range(1, 100000));
   AddFormat(runs, runs_format);
 
   std::string show_run, show_stage, show_format = "table";
@@ -424,6 +428,34 @@ int main(int argc, char** argv) {
 
   auto* sched = app.add_subcommand("scheduler", "scheduler daemon (several may run; one leads)");
 
+  std::string workers_format = "table";
+  auto* workers_cmd = app.add_subcommand(
+      "workers", "worker daemons that heartbeated in the last day: pools, what they run, heartbeat");
+  AddFormat(workers_cmd, workers_format);
+
+  ServeArgs serve_args;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "the web dashboard, its JSON API, live events and Prometheus /metrics (a daemon)");
+  serve_cmd->add_option("--listen", serve_args.listen,
+                        "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one)");
+  serve_cmd->add_option("--auth", serve_args.auth,
+                        "local (default: no login, loopback only) or proxy (a reverse proxy "
+                        "names the user in --user-header; docs/serve.md)")
+      ->check(CLI::IsMember({"local", "proxy"}));
+  serve_cmd->add_option("--user-header", serve_args.user_header,
+                        "--auth proxy: the header naming the PostgreSQL role (default "
+                        "X-Forwarded-User)");
+  serve_cmd->add_option("--max-clients", serve_args.max_clients,
+                        "live event streams at once (default 64)")
+      ->check(CLI::Range(1, 4096));
+  serve_cmd->add_option("--heartbeat", serve_args.heartbeat_s,
+                        "seconds between keep-alive lines on an idle event stream (default 15)")
+      ->check(FiniteRange(0.1, 300));
+  serve_cmd->add_option("--stream-lifetime", serve_args.stream_lifetime_s,
+                        "seconds an event stream lasts before the browser reconnects and resumes "
+                        "from its last event (default 300)")
+      ->check(FiniteRange(1, 86400));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -435,14 +467,19 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitBadInput;
   }
-  bool daemon = worker->parsed() || sched->parsed();
+  bool daemon = worker->parsed() || sched->parsed() || serve_cmd->parsed();
   SetupLogging(daemon && log_level == "warn" ? "info" : log_level);
   try {
     if (run->parsed()) return CmdRun(run_args);
     if (submit->parsed()) return CmdSubmit(submit_args);
     if (validate->parsed()) return CmdValidate(validate_files, validate_format);
     if (plan->parsed()) return CmdPlan(plan_args);
-    if (runs->parsed()) return CmdRuns(runs_project, runs_state, runs_limit, runs_format);
+    if (runs->parsed()) {
+      runs_query.since = ReadDateFlag("--since", runs_since);
+      return CmdRuns(runs_query, runs_format);
+    }
+    if (workers_cmd->parsed()) return CmdWorkers(workers_format);
+    if (serve_cmd->parsed()) return CmdServe(serve_args);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
     if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox, watch_format);
     if (explain->parsed()) return CmdExplain(explain_run, explain_stage, explain_format);

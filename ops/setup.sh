@@ -13,6 +13,7 @@ packages=(
   postgresql-15 python3 procps
   clang libclang-rt-14-dev python3-yaml python3-jsonschema libhowardhinnant-date-dev tzdata
   slurmctld slurmd slurm-client munge util-linux
+  libcpp-httplib-dev chromium prometheus
 )
 
 missing=()

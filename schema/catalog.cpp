@@ -110,6 +110,8 @@ struct Catalog::Impl {
   std::set<std::string> prepared;
   std::unique_ptr<Receiver> receiver;
   std::unique_ptr<Receiver> cancel_receiver;
+  std::unique_ptr<Receiver> changes_receiver;
+  int changes_notifications = 0;
   int notifications = 0;
   int cancel_notifications = 0;
   // Leadership is an EXCLUSIVE lock on trnflow.leader_lock held by an open transaction on a
@@ -131,6 +133,7 @@ struct Catalog::Impl {
   void Drop() {
     receiver.reset();
     cancel_receiver.reset();
+    changes_receiver.reset();
     prepared.clear();
     leader_tx.reset();
     leader_conn.reset();
@@ -724,6 +727,7 @@ RunRow ReadRun(const pqxx::row& row) {
   if (!row[10].as<std::string>().empty()) r.budget = MoneyOf(row[10]);
   r.wall_seconds = row[11].as<double>();
   r.cancel_reason = row[12].as<std::string>();
+  r.wasted = MoneyOf(row[13]);
   return r;
 }
 }  // namespace
@@ -731,7 +735,8 @@ RunRow ReadRun(const pqxx::row& row) {
 std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
   return impl_->Guard([&]() -> std::optional<RunRow> {
     pqxx::work tx(impl_->C());
-    pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id);
+    pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id,
+                                 std::string(), std::string());
     if (r.empty()) return std::nullopt;
     return ReadRun(r[0]);
   });
@@ -739,10 +744,19 @@ std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
 
 std::vector<RunRow> Catalog::ListRuns(const std::string& project, const std::string& state,
                                       int limit) {
+  RunsQuery q;
+  q.project = project;
+  q.state = state;
+  q.limit = limit;
+  return ListRuns(q);
+}
+
+std::vector<RunRow> Catalog::ListRuns(const RunsQuery& q) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<RunRow> out;
-    for (const auto& row : impl_->Exec(tx, "ListRuns", project, state, limit, int64_t{0}))
+    for (const auto& row : impl_->Exec(tx, "ListRuns", q.project, q.state, q.limit, int64_t{0},
+                                       q.pipeline, q.since))
       out.push_back(ReadRun(row));
     return out;
   });
@@ -881,15 +895,26 @@ void Catalog::ListenForReadyStages() {
   });
 }
 
-bool Catalog::IsListening() const { return impl_->receiver != nullptr; }
+bool Catalog::IsListening() const {
+  return impl_->receiver != nullptr || impl_->changes_receiver != nullptr;
+}
+
+void Catalog::ListenForChanges() {
+  impl_->Guard([&] {
+    impl_->changes_receiver = std::make_unique<Receiver>(impl_->C(), "trnflow_changes",
+                                                         &impl_->changes_notifications);
+  });
+}
 
 Catalog::Notifications Catalog::AwaitNotifications(int timeout_ms) {
   return impl_->Guard([&] {
     impl_->notifications = 0;
     impl_->cancel_notifications = 0;
+    impl_->changes_notifications = 0;
     impl_->C().await_notification(timeout_ms / 1000, (timeout_ms % 1000) * 1000L);
     impl_->C().get_notifs();
-    return Notifications{impl_->notifications, impl_->cancel_notifications};
+    return Notifications{impl_->notifications, impl_->cancel_notifications,
+                         impl_->changes_notifications};
   });
 }
 
@@ -1429,6 +1454,86 @@ int Catalog::CountRunningStages(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     return impl_->Exec(tx, "CountRunningStages", run_id)[0][0].as<int>();
+  });
+}
+
+void Catalog::ActAs(const std::string& role) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "ActAs", role.empty() ? std::string("none") : role);
+    tx.commit();
+  });
+}
+
+std::vector<std::string> Catalog::MemberProjects(const std::string& role) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "MemberProjects", role))
+      out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
+bool Catalog::MayWrite(const std::string& role, const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "MayWrite", role, project);
+    return !r.empty() && !r[0][0].is_null() && r[0][0].as<bool>();
+  });
+}
+
+std::vector<std::string> Catalog::VisibleProjects() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "VisibleProjects")) out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
+std::vector<ChangeRow> Catalog::ChangesSince(int64_t after_id, int limit) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<ChangeRow> out;
+    for (const auto& row : impl_->Exec(tx, "ChangesSince", after_id, limit)) {
+      ChangeRow c;
+      c.id = row[0].as<int64_t>();
+      c.at = row[1].as<std::string>();
+      c.project = row[2].as<std::string>();
+      c.run_id = row[3].as<int64_t>();
+      c.stage = row[4].as<std::string>();
+      c.state = row[5].as<std::string>();
+      out.push_back(std::move(c));
+    }
+    return out;
+  });
+}
+
+int64_t Catalog::LatestChangeId() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    return impl_->Exec(tx, "LatestChangeId")[0][0].as<int64_t>();
+  });
+}
+
+int64_t Catalog::PruneChanges(double max_age_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "PruneChanges", max_age_s);
+    tx.commit();
+    return static_cast<int64_t>(r.affected_rows());
+  });
+}
+
+std::vector<MetricRow> Catalog::Metrics() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<MetricRow> out;
+    for (const auto& row : impl_->Exec(tx, "Metrics"))
+      out.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
+                     row[2].is_null() ? 0.0 : row[2].as<double>()});
+    return out;
   });
 }
 

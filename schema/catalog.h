@@ -174,6 +174,32 @@ struct RunRow {
   std::optional<Money> budget;
   double wall_seconds = 0;
   std::string cancel_reason;  // "" unless cancelled: cancelled | budget_exceeded
+  Money wasted;               // closed attempts' work lost to interruptions and failures
+};
+
+// `trnflow runs` and the dashboard's /api/runs: every filter optional ("" = any).
+struct RunsQuery {
+  std::string project, pipeline, state;
+  std::string since;  // created at or after this time (a timestamp PostgreSQL reads)
+  int limit = 50;
+};
+
+// One change of a run's (stage "") or a stage's state, from trnflow.changes: the dashboard's
+// event stream. `id` is the sequence a client resumes from.
+struct ChangeRow {
+  int64_t id = 0;
+  std::string at;  // ISO 8601 UTC, milliseconds
+  std::string project;
+  int64_t run_id = 0;
+  std::string stage;  // "" for the run itself
+  std::string state;
+};
+
+// One sample of /metrics: the metric's name, its labels (a JSON object of strings), its value.
+struct MetricRow {
+  std::string name;
+  std::string labels_json;
+  double value = 0;
 };
 
 struct StageRow {
@@ -391,6 +417,7 @@ class Catalog {
   // --- reads ------------------------------------------------------------------------------
   std::optional<RunRow> GetRun(int64_t run_id);
   std::vector<RunRow> ListRuns(const std::string& project, const std::string& state, int limit);
+  std::vector<RunRow> ListRuns(const RunsQuery& query);
   std::vector<StageRow> GetStages(int64_t run_id);
   std::vector<AttemptRow> GetAttempts(int64_t run_id);
   // trnflow.event_log, the newest `limit` (oldest first): '' / 0 filters match anything; since
@@ -412,9 +439,12 @@ class Catalog {
   // announced.
   void ListenForReadyStages();
   bool IsListening() const;
+  // LISTEN where state changes are announced (trnflow.changes; the dashboard's event stream).
+  void ListenForChanges();
   struct Notifications {
     int ready = 0;
     int cancel = 0;
+    int changes = 0;  // ListenForChanges: new rows in trnflow.changes
   };
   // Waits up to `timeout_ms` for notifications; returns how many of each arrived.
   Notifications AwaitNotifications(int timeout_ms);
@@ -515,6 +545,26 @@ class Catalog {
   // Every stage upstream of `stage_id`, by name, with the digest of what it produced (or
   // "attempt:<stage>/<n>" when that is unknown).
   std::vector<std::pair<std::string, std::string>> StageInputDigests(int64_t stage_id);
+
+  // --- the dashboard (serve/) ---------------------------------------------------------------
+  // From now on this connection acts as `role` (SET ROLE, for the session), so row-level
+  // security shows what that role may see; "" goes back to the login's own role. Throws
+  // PermissionDenied when the login may not act as it.
+  void ActAs(const std::string& role);
+  // The projects login role `role` is a member of, when the dashboard may act as it (not
+  // privileged, not the daemons' or the reader's); empty otherwise.
+  std::vector<std::string> MemberProjects(const std::string& role);
+  // The projects the current role sees.
+  std::vector<std::string> VisibleProjects();
+  // Whether login role `role` may write (submit, cancel, retry, resume) in `project`.
+  bool MayWrite(const std::string& role, const std::string& project);
+  // State changes after `after_id`, oldest first, at most `limit`.
+  std::vector<ChangeRow> ChangesSince(int64_t after_id, int limit);
+  int64_t LatestChangeId();
+  // Deletes changes older than `max_age_s`; returns how many.
+  int64_t PruneChanges(double max_age_s);
+  // Every /metrics sample, from the ledger and the live tables (schema/queries/serve.sql).
+  std::vector<MetricRow> Metrics();
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

@@ -9,7 +9,8 @@ SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $1
                           $17::text[], $18::int[], $19::jsonb[], $20::int[], $21::int[]);
 
 -- name: ListRuns
--- Runs newest first: $1 project, $2 state ('' = any), $3 at most, $4 one run (0 = any).
+-- Runs newest first: $1 project, $2 state ('' = any), $3 at most, $4 one run (0 = any),
+-- $5 pipeline ('' = any), $6 created at or after this time ('' = any).
 SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
@@ -18,10 +19,13 @@ SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
                  FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
        coalesce(r.budget_usd::text, ''),
        extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
-       coalesce(r.cancel_reason, '')
+       coalesce(r.cancel_reason, ''),
+       coalesce((SELECT sum(a.wasted_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text
 FROM trnflow.runs r JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR r.state = $2)
   AND ($4::bigint = 0 OR r.id = $4::bigint)
+  AND ($5 = '' OR p.name = $5)
+  AND ($6 = '' OR r.created_at >= nullif($6, '')::timestamptz)
 ORDER BY r.id DESC
 LIMIT $3;
 

@@ -90,7 +90,8 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
 
   fs::path units = root / "etc/systemd/system";
-  for (const char* name : {"trnflow-scheduler.service", "trnflow-worker@.service"}) {
+  for (const char* name :
+       {"trnflow-scheduler.service", "trnflow-worker@.service", "trnflow-serve.service"}) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(fs::exists(units / name)) << r.out;
     std::string text = Slurp(units / name);

@@ -1,0 +1,436 @@
+// The trnflow dashboard: one script for every page. Data comes from /api (the JSON the CLI
+// prints with --format json); live changes from /api/events (Server-Sent Events). No
+// framework, nothing fetched from elsewhere.
+'use strict';
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) e.setAttribute(k, v);
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+// Dollars as the CLI prints them (Money::ToDollars): micro-dollars rounded half up to cents.
+function micros(usd) { return Math.round((usd || 0) * 1e6); }
+function dollarsMicros(m) {
+  const a = Math.abs(m);
+  const cents = Math.floor((a + 5000) / 10000);
+  return (m < 0 ? '-' : '') + '$' + Math.floor(cents / 100) + '.' + String(cents % 100).padStart(2, '0');
+}
+function dollars(usd) { return dollarsMicros(micros(usd)); }
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined || isNaN(seconds)) return '';
+  if (seconds < 60) return seconds.toFixed(1) + 's';
+  if (seconds < 3600) return (seconds / 60).toFixed(1) + 'm';
+  return (seconds / 3600).toFixed(2) + 'h';
+}
+
+async function api(path) {
+  const r = await fetch(path, { headers: { Accept: 'application/json' }, credentials: 'same-origin' });
+  const body = await r.json().catch(() => ({ error: r.statusText }));
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+function stateBadge(state) { return el('span', { class: 'state state-' + state }, state); }
+
+function showError(e) {
+  const main = document.getElementById('main');
+  main.replaceChildren(el('p', { class: 'error', id: 'error' }, String(e.message || e)));
+}
+
+// A table whose columns sort on a click. cols: [{key, label, num, fmt, sort}]; rows: objects.
+function sortableTable(id, cols, rows, totalRow) {
+  let sortKey = null, asc = true;
+  const table = el('table', { id });
+  const render = () => {
+    const sorted = rows.slice();
+    if (sortKey) {
+      const col = cols.find(c => c.key === sortKey);
+      const val = col.sort || (r => r[col.key]);
+      sorted.sort((a, b) => {
+        const x = val(a), y = val(b);
+        const c = x === y ? 0 : (x === null || x === undefined) ? -1 : (y === null || y === undefined) ? 1 : x < y ? -1 : 1;
+        return asc ? c : -c;
+      });
+    }
+    const head = el('tr', {}, cols.map(c => el('th', {
+      class: c.num ? 'num' : null, 'data-key': c.key,
+      onclick: () => { if (sortKey === c.key) asc = !asc; else { sortKey = c.key; asc = true; } render(); },
+    }, c.label + (sortKey === c.key ? (asc ? ' ▲' : ' ▼') : ''))));
+    const body = sorted.map(r => el('tr', {}, cols.map(c => {
+      const v = c.fmt ? c.fmt(r[c.key], r) : r[c.key];
+      return el('td', { class: c.num ? 'num' : null }, v instanceof Node ? v : (v === null || v === undefined ? '' : String(v)));
+    })));
+    const foot = totalRow ? [el('tr', { class: 'total' }, cols.map(c => el('td', {
+      class: c.num ? 'num' : null, id: totalRow[c.key] !== undefined ? id + '-total-' + c.key : null,
+    }, totalRow[c.key] === undefined ? '' : totalRow[c.key])))] : [];
+    table.replaceChildren(el('thead', {}, head), el('tbody', {}, body, foot));
+  };
+  render();
+  return table;
+}
+
+// --- live updates -------------------------------------------------------------------------
+// Every page registers how to follow changes (`onChange`) and how to re-read itself
+// (`refresh`): the event stream drives the first; when the server refuses a stream (too many,
+// a proxy without streaming), the page polls with the second every 5 s instead.
+// `?live=0` in a page's URL turns both off: a still page (screenshots, printing, slow links).
+const LIVE = new URLSearchParams(location.search).get('live') !== '0';
+const listeners = [];
+let source = null, polling = null, refresh = null;
+function onChange(fn, reread) {
+  listeners.push(fn);
+  refresh = reread || refresh;
+  if (source || !LIVE) return;
+  source = new EventSource('/api/events');
+  const live = document.getElementById('live');
+  source.addEventListener('open', () => { live.classList.add('on'); live.title = 'live'; });
+  source.addEventListener('error', () => {
+    live.classList.remove('on');
+    if (source.readyState === EventSource.CLOSED && !polling && refresh) {
+      live.title = 'polling every 5 s';
+      polling = setInterval(refresh, 5000);
+    }
+  });
+  source.addEventListener('change', ev => {
+    const c = JSON.parse(ev.data);
+    for (const f of listeners) f(c);
+  });
+}
+
+function debounce(fn, ms) {
+  let t = null;
+  return () => { clearTimeout(t); t = setTimeout(fn, ms); };
+}
+
+// --- pages --------------------------------------------------------------------------------
+async function pageRuns(main) {
+  const q = new URLSearchParams(location.search);
+  const form = el('form', { class: 'filters', method: 'get', action: '/runs' },
+    el('input', { name: 'project', placeholder: 'project', value: q.get('project') || '' }),
+    el('input', { name: 'pipeline', placeholder: 'pipeline', value: q.get('pipeline') || '' }),
+    el('select', { name: 'state' }, ['', 'running', 'succeeded', 'failed', 'cancelled'].map(s => {
+      const o = el('option', { value: s }, s || 'any state');
+      if (q.get('state') === s) o.selected = true;
+      return o;
+    })),
+    el('input', { name: 'since', placeholder: 'since (2026-11-01 or 7d)', value: q.get('since') || '' }),
+    el('button', { type: 'submit' }, 'Filter'));
+  const params = new URLSearchParams();
+  for (const k of ['project', 'pipeline', 'state', 'since']) if (q.get(k)) params.set(k, q.get(k));
+  const holder = el('div');
+  main.replaceChildren(el('h1', {}, 'Runs'), form, holder);
+  const load = async () => {
+    const runs = await api('/api/runs?' + params);
+    const now = Date.now();
+    for (const r of runs) {
+      const end = r.finished_at ? Date.parse(r.finished_at) : now;
+      r.duration_s = (end - Date.parse(r.created_at)) / 1000;
+    }
+    let total = 0, wasted = 0;
+    for (const r of runs) { total += micros(r.cost_usd); wasted += micros(r.wasted_usd); }
+    holder.replaceChildren(runs.length === 0 ? el('p', { class: 'muted' }, 'no runs') : sortableTable('runs', [
+      { key: 'run_id', label: 'Run', num: true, sort: r => Number(r.run_id), fmt: v => el('a', { href: '/runs/' + v }, v) },
+      { key: 'pipeline', label: 'Pipeline' },
+      { key: 'project', label: 'Project' },
+      { key: 'state', label: 'State', fmt: stateBadge },
+      { key: 'created_at', label: 'Created' },
+      { key: 'duration_s', label: 'Duration', num: true, fmt: duration },
+      { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+      { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
+    ], runs, { run_id: 'total', cost_usd: dollarsMicros(total), wasted_usd: dollarsMicros(wasted) }));
+  };
+  await load();
+  onChange(debounce(load, 500), load);
+}
+
+// Longest-path depth of each stage from its roots: the DAG's columns.
+function layers(stages) {
+  const byName = new Map(stages.map(s => [s.name, s]));
+  const depth = new Map();
+  const visit = (s, seen) => {
+    if (depth.has(s.name)) return depth.get(s.name);
+    if (seen.has(s.name)) return 0;
+    seen.add(s.name);
+    let d = 0;
+    for (const n of s.needs || []) if (byName.has(n)) d = Math.max(d, visit(byName.get(n), seen) + 1);
+    depth.set(s.name, d);
+    return d;
+  };
+  for (const s of stages) visit(s, new Set());
+  return depth;
+}
+
+function stageCost(s) {
+  return micros(s.cost_usd) + micros(s.running_cost_usd || 0);
+}
+
+// Stages whose state changed on this page through the event stream (not a reload): how often.
+const liveChanges = new Map();
+
+function drawDag(run) {
+  const stages = run.stages;
+  const depth = layers(stages);
+  const cols = new Map();
+  for (const s of stages) {
+    const d = depth.get(s.name);
+    if (!cols.has(d)) cols.set(d, []);
+    cols.get(d).push(s);
+  }
+  const W = 190, H = 54, GX = 60, GY = 16, PAD = 14;
+  const pos = new Map();
+  let maxRows = 0;
+  for (const [d, list] of cols) {
+    list.forEach((s, i) => pos.set(s.name, { x: PAD + d * (W + GX), y: PAD + i * (H + GY) }));
+    maxRows = Math.max(maxRows, list.length);
+  }
+  const width = PAD * 2 + cols.size * (W + GX) - GX;
+  const height = PAD * 2 + maxRows * (H + GY) - GY;
+  const root = svg('svg', { id: 'dag', width, height, viewBox: `0 0 ${width} ${height}` });
+  for (const s of stages) for (const n of s.needs || []) {
+    const a = pos.get(n), b = pos.get(s.name);
+    if (!a || !b) continue;
+    const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
+    root.append(svg('path', { class: 'edge', d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }));
+  }
+  for (const s of stages) {
+    const p = pos.get(s.name);
+    const g = svg('g', { class: 'node', 'data-stage': s.name, 'data-state': s.state,
+      'data-live-changes': liveChanges.get(s.name) || null, transform: `translate(${p.x},${p.y})` },
+      svg('title', {}, `${s.name}: ${s.state}` + (s.last_message ? ` — ${s.last_message}` : '')),
+      svg('rect', { width: W, height: H }),
+      svg('text', { x: 8, y: 18, class: 'name' }, s.name.length > 26 ? s.name.slice(0, 25) + '…' : s.name),
+      svg('text', { x: 8, y: 36, class: 'sub state-text' }, s.state),
+      svg('text', { x: 8, y: 49, class: 'sub' },
+        `${s.attempts.length} attempt${s.attempts.length === 1 ? '' : 's'} · ${dollarsMicros(stageCost(s))}` +
+        (s.state === 'cached' ? ' · cache hit' : '')));
+    root.append(g);
+  }
+  return root;
+}
+
+function drawTimeline(run) {
+  const attempts = [];
+  for (const s of run.stages) for (const a of s.attempts) attempts.push({ stage: s.name, ...a });
+  const starts = attempts.map(a => Date.parse(a.started_at)).filter(x => !isNaN(x));
+  if (starts.length === 0) return el('p', { class: 'muted', id: 'timeline' }, 'no attempts yet');
+  const now = Date.now();
+  const ends = attempts.map(a => a.finished_at ? Date.parse(a.finished_at) : now);
+  const t0 = Math.min(...starts), t1 = Math.max(t0 + 1, ...ends);
+  const LABEL = 200, W = 760, LANE = 22, PAD = 10;
+  const lanes = run.stages.map(s => s.name);
+  const height = PAD * 2 + lanes.length * LANE + 18;
+  const x = t => LABEL + ((t - t0) / (t1 - t0)) * W;
+  const root = svg('svg', { id: 'timeline', width: LABEL + W + PAD * 2, height });
+  lanes.forEach((name, i) => {
+    const y = PAD + i * LANE;
+    root.append(svg('line', { class: 'axis', x1: LABEL, x2: LABEL + W, y1: y + LANE - 2, y2: y + LANE - 2 }));
+    root.append(svg('text', { class: 'lane-label', x: 4, y: y + 15 }, name.length > 28 ? name.slice(0, 27) + '…' : name));
+  });
+  for (const a of attempts) {
+    const i = lanes.indexOf(a.stage);
+    const y = PAD + i * LANE + 3;
+    const s = Date.parse(a.started_at), e = a.finished_at ? Date.parse(a.finished_at) : now;
+    const outcome = a.outcome || 'running';
+    const bx = x(s), bw = Math.max(3, x(e) - x(s));
+    const tip = `${a.stage} attempt ${a.attempt}: ${outcome} on ${a.instance_type} (${a.market}), ` +
+      `${a.sim_hours.toFixed(2)} sim h, ${dollars(a.cost_usd)}` + (a.message ? ` — ${a.message}` : '');
+    root.append(svg('rect', {
+      class: `attempt outcome-${outcome} market-${a.market}`, 'data-stage': a.stage,
+      'data-attempt': a.attempt, 'data-outcome': outcome, x: bx, y, width: bw, height: LANE - 8,
+    }, svg('title', {}, tip)));
+    if (outcome === 'spot_interruption' || outcome === 'capacity_unavailable' || outcome === 'lost')
+      root.append(svg('text', { class: 'interruption', 'data-stage': a.stage, 'data-outcome': outcome,
+        x: bx + bw + 2, y: y + 12 }, '✕', svg('title', {}, tip)));
+  }
+  root.append(svg('text', { x: LABEL, y: height - 4, class: 'sub' }, new Date(t0).toISOString().slice(11, 19) + ' UTC'));
+  root.append(svg('text', { x: LABEL + W - 60, y: height - 4, class: 'sub' }, new Date(t1).toISOString().slice(11, 19)));
+  return root;
+}
+
+// Cancel, resume and retry: POSTed with the CSRF token of /api/me; the catalog and the
+// dashboard decide whether this person may (a writer of the run's project).
+async function act(id, action, stage, note) {
+  if (!me) await whoami();
+  const q = stage ? '?stage=' + encodeURIComponent(stage) : '';
+  note.textContent = action + '…';
+  try {
+    const r = await fetch(`/api/runs/${id}/${action}${q}`, {
+      method: 'POST', credentials: 'same-origin', headers: { 'X-CSRF-Token': me ? me.csrf_token : '' } });
+    const body = await r.json().catch(() => ({ error: r.statusText }));
+    note.textContent = r.ok ? `${action}: done` : `${action}: ${body.error}`;
+    note.className = r.ok ? 'muted' : 'error';
+  } catch (e) {
+    note.textContent = `${action}: ${e.message}`;
+    note.className = 'error';
+  }
+}
+
+function actions(run) {
+  const r = run.run;
+  const note = el('span', { id: 'action-note', class: 'muted' });
+  const stage = el('select', { id: 'retry-stage' }, run.stages.map(s => el('option', { value: s.name }, s.name)));
+  return el('div', { class: 'filters', id: 'actions' },
+    r.state === 'running' ? el('button', { id: 'cancel', onclick: () => act(r.run_id, 'cancel', null, note) }, 'Cancel run') : null,
+    r.state === 'failed' || r.state === 'cancelled'
+      ? el('button', { id: 'resume', onclick: () => act(r.run_id, 'resume', null, note) }, 'Resume run') : null,
+    r.state !== 'running' ? [stage, el('button', { id: 'retry', onclick: () => act(r.run_id, 'retry', stage.value, note) }, 'Retry stage')] : null,
+    note);
+}
+
+async function pageRun(main, id) {
+  const draw = run => {
+    const r = run.run;
+    let total = 0, wasted = 0, attempts = 0, interruptions = 0;
+    for (const s of run.stages) {
+      total += stageCost(s);
+      for (const a of s.attempts) {
+        wasted += micros(a.wasted_usd);
+        attempts++;
+        if (a.outcome === 'spot_interruption') interruptions++;
+      }
+    }
+    main.replaceChildren(
+      el('h1', {}, `Run ${r.run_id} · ${r.pipeline} `, stateBadge(r.state)),
+      el('div', { class: 'cards' },
+        el('div', { class: 'card' }, 'Project', el('b', {}, r.project)),
+        el('div', { class: 'card' }, 'Spent', el('b', { id: 'run-cost' }, dollarsMicros(total))),
+        el('div', { class: 'card' }, 'Wasted', el('b', { id: 'run-wasted' }, dollarsMicros(wasted))),
+        el('div', { class: 'card' }, 'Attempts', el('b', {}, attempts)),
+        el('div', { class: 'card' }, 'Spot interruptions', el('b', { id: 'run-interruptions' }, interruptions)),
+        el('div', { class: 'card' }, 'Created', el('b', {}, r.created_at))),
+      actions(run),
+      el('h2', {}, 'Stages'), drawDag(run),
+      el('h2', {}, 'Timeline'),
+      el('div', { class: 'legend' },
+        el('span', {}, el('i', { style: null, class: 'lg-ok' }), 'one bar per attempt; dashed outline: spot; ✕: interrupted')),
+      drawTimeline(run),
+      el('h2', {}, 'Attempts'),
+      sortableTable('attempts', [
+        { key: 'stage', label: 'Stage' }, { key: 'attempt', label: '#', num: true },
+        { key: 'outcome', label: 'Outcome', fmt: v => v || 'running' },
+        { key: 'instance_type', label: 'Instance' }, { key: 'market', label: 'Market' },
+        { key: 'sim_hours', label: 'Sim hours', num: true, fmt: v => v.toFixed(2) },
+        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+        { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
+        { key: 'message', label: 'Why' }],
+        run.stages.flatMap(s => s.attempts.map(a => ({ stage: s.name, ...a })))));
+  };
+  const load = async () => draw(await api('/api/runs/' + id));
+  await load();
+  const reload = debounce(load, 400);
+  refresh = load;
+  onChange(c => {
+    if (c.run_id !== id) return;
+    if (c.stage) {
+      // The node changes at once; dollars and attempts follow with the next read.
+      const node = document.querySelector(`#dag .node[data-stage="${CSS.escape(c.stage)}"]`);
+      liveChanges.set(c.stage, (liveChanges.get(c.stage) || 0) + 1);
+      if (node) {
+        node.setAttribute('data-state', c.state);
+        node.setAttribute('data-live-changes', liveChanges.get(c.stage));
+        node.querySelector('.state-text').textContent = c.state;
+      }
+    }
+    reload();
+  });
+}
+
+async function pageSpend(main) {
+  const q = new URLSearchParams(location.search);
+  const base = new URLSearchParams();
+  for (const k of ['project', 'pipeline', 'since', 'until']) if (q.get(k)) base.set(k, q.get(k));
+  main.replaceChildren(el('h1', {}, 'Spend'),
+    el('p', { class: 'muted' }, 'Closed attempts from the ledger, the figures of `trnflow spend`; running attempts join when they end.'));
+  const groups = [['project', 'By project'], ['pipeline', 'By pipeline'], ['instance', 'By instance'],
+    ['month', 'By month'], ['day', 'By day']];
+  for (const [by, title] of groups) {
+    const p = new URLSearchParams(base);
+    p.set('by', by);
+    const rows = await api('/api/spend?' + p);
+    let cost = 0, wasted = 0, saved = 0, attempts = 0;
+    for (const r of rows) { cost += micros(r.cost_usd); wasted += micros(r.wasted_usd); saved += micros(r.saved_usd); attempts += r.attempts; }
+    const csv = [by + ',attempts,billed_hours,cost_usd,wasted_usd,saved_usd',
+      ...rows.map(r => [r[by], r.attempts, r.billed_hours, r.cost_usd, r.wasted_usd, r.saved_usd].join(','))].join('\n');
+    main.append(el('h2', {}, title, ' ',
+      el('a', { href: URL.createObjectURL(new Blob([csv], { type: 'text/csv' })), download: `spend-by-${by}.csv`, class: 'muted' }, 'CSV')),
+      rows.length === 0 ? el('p', { class: 'muted' }, 'no spend') : sortableTable('spend-' + by, [
+        { key: by, label: by },
+        { key: 'attempts', label: 'Attempts', num: true },
+        { key: 'billed_hours', label: 'Billed hours', num: true, fmt: v => v.toFixed(2) },
+        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+        { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
+        { key: 'saved_usd', label: 'Saved', num: true, fmt: dollars },
+      ], rows, { [by]: 'total', attempts, cost_usd: dollarsMicros(cost), wasted_usd: dollarsMicros(wasted), saved_usd: dollarsMicros(saved) }));
+  }
+}
+
+async function pageList(main, title, path, cols) {
+  const rows = await api(path);
+  main.replaceChildren(el('h1', {}, title),
+    rows.length === 0 ? el('p', { class: 'muted' }, 'none') : sortableTable(title.toLowerCase(), cols, rows));
+}
+
+let me = null;
+async function whoami() {
+  try {
+    me = await api('/api/me');
+    document.getElementById('who').textContent = me.role ? `as ${me.role}` : 'local';
+  } catch (e) { /* the page says it */ }
+}
+
+async function route() {
+  const main = document.getElementById('main');
+  const path = location.pathname;
+  const section = path.split('/')[1] || 'runs';
+  for (const a of document.querySelectorAll('header nav a'))
+    a.classList.toggle('active', a.dataset.nav === section);
+  whoami();
+  try {
+    const m = path.match(/^\/runs\/(\d+)$/);
+    if (m) await pageRun(main, m[1]);
+    else if (section === 'runs') await pageRuns(main);
+    else if (section === 'spend') await pageSpend(main);
+    else if (section === 'cache') await pageList(main, 'Cache', '/api/cache', [
+      { key: 'key', label: 'Key', fmt: v => v.slice(0, 12) }, { key: 'model', label: 'Model' },
+      { key: 'shapes', label: 'Shapes' }, { key: 'target', label: 'Target' }, { key: 'state', label: 'State' },
+      { key: 'project', label: 'Project' }, { key: 'bytes', label: 'Bytes', num: true },
+      { key: 'hits', label: 'Hits', num: true }, { key: 'last_used_at', label: 'Last use' }]);
+    else if (section === 'schedules') await pageList(main, 'Schedules', '/api/schedules', [
+      { key: 'name', label: 'Name' }, { key: 'project', label: 'Project' }, { key: 'cron', label: 'Cron' },
+      { key: 'tz', label: 'TZ' }, { key: 'state', label: 'State' }, { key: 'next_at', label: 'Next (UTC)' },
+      { key: 'fires', label: 'Fired', num: true },
+      { key: 'last_run_id', label: 'Last run', fmt: v => v ? el('a', { href: '/runs/' + v }, v) : '' }]);
+    else if (section === 'workers') await pageList(main, 'Workers', '/api/workers', [
+      { key: 'host', label: 'Host' }, { key: 'pid', label: 'PID', num: true }, { key: 'state', label: 'State' },
+      { key: 'heartbeat_age_seconds', label: 'Heartbeat age', num: true, fmt: v => v.toFixed(1) + 's' },
+      { key: 'pools', label: 'Pools (in use/capacity)', fmt: v => v.map(p => `${p.pool} ${p.in_use}/${p.capacity}`).join(' ') }]);
+    else main.replaceChildren(el('p', {}, 'No such page.'));
+  } catch (e) {
+    showError(e);
+  }
+}
+
+document.addEventListener('DOMContentLoaded', route);

@@ -1,0 +1,109 @@
+#include "serve/event_hub.h"
+
+#include <chrono>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace trnflow::serve {
+
+EventHub::EventHub(std::string database_url, size_t keep)
+    : url_(std::move(database_url)), keep_(keep) {}
+
+EventHub::~EventHub() { Stop(); }
+
+void EventHub::Start() {
+  {
+    schema::Catalog c(url_);
+    std::scoped_lock lock(mu_);
+    latest_ = c.LatestChangeId();
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void EventHub::Stop() {
+  stop_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t EventHub::Latest() const {
+  std::scoped_lock lock(mu_);
+  return latest_;
+}
+
+bool EventHub::TryAddClient(int max) {
+  int n = clients_.load();
+  while (n < max)
+    if (clients_.compare_exchange_weak(n, n + 1)) return true;
+  return false;
+}
+
+void EventHub::RemoveClient() { --clients_; }
+
+EventHub::Batch EventHub::Wait(int64_t after, double timeout_s) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+               [&] { return stop_ || latest_ > after; });
+  Batch b;
+  if (latest_ <= after) return b;
+  // What follows `after` is older than anything held (or an id was skipped by a rolled-back
+  // transaction: then the catalog gives the same answer, one read later).
+  b.gap = recent_.empty() || recent_.front().id > after + 1;
+  for (const auto& c : recent_)
+    if (c.id > after) b.changes.push_back(c);
+  return b;
+}
+
+void EventHub::Loop() {
+  auto log = Logger("serve.events");
+  std::unique_ptr<schema::Catalog> c;
+  auto last_poll = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  auto last_prune = std::chrono::steady_clock::now() - std::chrono::hours(2);
+  while (!stop_) {
+    try {
+      if (!c) {
+        c = std::make_unique<schema::Catalog>(url_);
+        c->ListenForChanges();
+        last_poll = std::chrono::steady_clock::now() - std::chrono::hours(1);
+      }
+      auto n = c->AwaitNotifications(500);
+      auto now = std::chrono::steady_clock::now();
+      // The feed keeps a week: enough to resume any stream, never growing without end.
+      if (now - last_prune > std::chrono::hours(1)) {
+        last_prune = now;
+        if (int64_t gone = c->PruneChanges(7 * 86400.0)) log->info("pruned {} old changes", gone);
+      }
+      // A notification says there is something new; every 2 s the hub looks anyway, in case
+      // one was lost with a connection.
+      if (n.changes == 0 && now - last_poll < std::chrono::seconds(2)) continue;
+      last_poll = now;
+      int64_t after = Latest();
+      while (!stop_) {
+        auto rows = c->ChangesSince(after, 1000);
+        if (rows.empty()) break;
+        after = rows.back().id;
+        {
+          std::scoped_lock lock(mu_);
+          for (auto& r : rows) recent_.push_back(std::move(r));
+          while (recent_.size() > keep_) recent_.pop_front();
+          latest_ = after;
+        }
+        cv_.notify_all();
+        if (static_cast<int>(rows.size()) < 1000) break;
+      }
+    } catch (const CatalogUnavailable& e) {
+      log->warn("event stream: {}; reconnecting", e.what());
+      c.reset();
+      for (int i = 0; i < 20 && !stop_; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } catch (const std::exception& e) {
+      log->error("event stream: {}", e.what());
+      c.reset();
+      for (int i = 0; i < 20 && !stop_; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+}  // namespace trnflow::serve

@@ -1,0 +1,485 @@
+#include "serve/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/embedded.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "schema/catalog.h"
+#include "serve/event_hub.h"
+#include "serve/metrics.h"
+
+namespace trnflow::serve::assets {
+const std::vector<trnflow::EmbeddedFile>& Files();
+}
+
+namespace trnflow::serve {
+namespace {
+
+// Connections for requests, reused. A lease that acted as a role goes back to the login's own
+// role before it is reused; one that cannot is dropped.
+class CatalogPool {
+ public:
+  explicit CatalogPool(std::string url) : url_(std::move(url)) {}
+
+  class Lease {
+   public:
+    Lease(CatalogPool& pool, std::unique_ptr<schema::Catalog> c) : pool_(pool), c_(std::move(c)) {}
+    ~Lease() {
+      if (!c_) return;
+      if (acting_) {
+        try {
+          c_->ActAs("");
+        } catch (const std::exception&) {
+          return;  // dropped: it may still act as someone
+        }
+      }
+      pool_.Return(std::move(c_));
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    schema::Catalog& operator*() { return *c_; }
+    schema::Catalog* operator->() { return c_.get(); }
+    void ActAs(const std::string& role) {
+      acting_ = true;
+      c_->ActAs(role);
+    }
+
+   private:
+    CatalogPool& pool_;
+    std::unique_ptr<schema::Catalog> c_;
+    bool acting_ = false;
+  };
+
+  std::unique_ptr<Lease> Take() {
+    {
+      std::scoped_lock lock(mu_);
+      if (!idle_.empty()) {
+        auto c = std::move(idle_.back());
+        idle_.pop_back();
+        return std::make_unique<Lease>(*this, std::move(c));
+      }
+    }
+    return std::make_unique<Lease>(*this, std::make_unique<schema::Catalog>(url_));
+  }
+
+ private:
+  void Return(std::unique_ptr<schema::Catalog> c) {
+    std::scoped_lock lock(mu_);
+    if (idle_.size() < 16) idle_.push_back(std::move(c));
+  }
+
+  std::string url_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<schema::Catalog>> idle_;  // guarded by mu_
+};
+
+// Who a request is: in --auth proxy, the role named by the proxy's header and the projects it
+// may see; in --auth local, the login itself (everything).
+struct Who {
+  std::string role;  // "" for the login itself
+  std::set<std::string> projects;
+  bool all = false;
+};
+
+class HttpError : public std::runtime_error {
+ public:
+  HttpError(int status, const std::string& message)
+      : std::runtime_error(message), status(status) {}
+  int status;
+};
+
+std::string ErrorJson(const std::string& message) {
+  return nlohmann::json({{"error", message}}).dump() + "\n";
+}
+
+std::string ContentType(const std::string& name) {
+  auto ends = [&](const char* suffix) {
+    std::string s = suffix;
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends(".html")) return "text/html; charset=utf-8";
+  if (ends(".js")) return "text/javascript; charset=utf-8";
+  if (ends(".css")) return "text/css; charset=utf-8";
+  if (ends(".svg")) return "image/svg+xml";
+  return "application/octet-stream";
+}
+
+const EmbeddedFile* Asset(const std::string& name) {
+  for (const auto& f : assets::Files())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::string ChangeEvent(const schema::ChangeRow& c) {
+  nlohmann::json j = {{"id", std::to_string(c.id)},
+                      {"at", c.at},
+                      {"project", c.project},
+                      {"run_id", std::to_string(c.run_id)},
+                      {"stage", c.stage.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stage)},
+                      {"state", c.state}};
+  return "id: " + std::to_string(c.id) + "\nevent: change\ndata: " + j.dump() + "\n\n";
+}
+
+class Dashboard {
+ public:
+  explicit Dashboard(const Options& o)
+      : o_(o), pool_(o.database_url), hub_(o.database_url), csrf_secret_(schema::RandomSecret()) {}
+
+  void Run(const std::atomic<bool>& stop, const std::function<void(int)>& on_listening) {
+    auto log = Logger("serve");
+    if (o_.auth == Auth::kLocal && !IsLoopback(o_.host))
+      throw UserError("--auth local serves everything the daemons' login sees to whoever "
+                      "connects; it listens on loopback addresses only (not " + o_.host +
+                      "). Put a reverse proxy in front and use --auth proxy (docs/serve.md)");
+    hub_.Start();  // throws CatalogUnavailable: the catalog is reached before listening
+    httplib::Server svr;
+    // Each open event stream holds a thread: room for all of them and for ordinary requests.
+    int threads = o_.max_clients + 16;
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    svr.set_keep_alive_timeout(5);
+    Routes(svr);
+    int port = o_.port == 0 ? svr.bind_to_any_port(o_.host) : o_.port;
+    if (o_.port != 0 && !svr.bind_to_port(o_.host, o_.port)) port = -1;
+    if (port <= 0) {
+      hub_.Stop();
+      throw UserError("cannot listen on " + o_.host + ":" + std::to_string(o_.port) +
+                      " (in use, or not an address of this host); choose another with --listen");
+    }
+    std::thread server([&] { svr.listen_after_bind(); });
+    log->info("listening on http://{}:{} auth={}", o_.host, port,
+              o_.auth == Auth::kLocal ? "local" : "proxy");
+    on_listening(port);
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    hub_.Stop();  // wakes every event stream, which then ends
+    svr.stop();
+    server.join();
+  }
+
+ private:
+  // The request's identity, or an HttpError (401: no header; 403: not someone it may act as).
+  Who Identify(const httplib::Request& req) {
+    Who who;
+    if (o_.auth == Auth::kLocal) {
+      // A page of another site must not reach a loopback dashboard through the browser (DNS
+      // rebinding): the Host it names must be this machine.
+      std::string host = req.get_header_value("Host");
+      std::string name = host.rfind('[', 0) == 0 ? host.substr(0, host.find(']') + 1)
+                                                 : host.substr(0, host.find(':'));
+      if (!name.empty() && name != "[::1]" && !IsLoopback(name))
+        throw HttpError(403, "Host " + host + " is not this machine; --auth local serves "
+                             "loopback names only (docs/serve.md)");
+      who.all = true;
+      return who;
+    }
+    std::string user = req.get_header_value(o_.user_header.c_str());
+    if (user.empty())
+      throw HttpError(401, "no " + o_.user_header + " header: requests reach the dashboard "
+                           "through the reverse proxy that authenticates people");
+    auto c = pool_.Take();
+    auto projects = (*c)->MemberProjects(user);
+    if (projects.empty())
+      throw HttpError(403, "'" + user + "' is not a project member the dashboard may act as "
+                           "(`trnflow project grant PROJECT ROLE --read` makes one)");
+    who.role = user;
+    who.projects.insert(projects.begin(), projects.end());
+    return who;
+  }
+
+  // A connection acting as the request's role.
+  std::unique_ptr<CatalogPool::Lease> ConnectionFor(const Who& who) {
+    auto c = pool_.Take();
+    if (!who.role.empty()) c->ActAs(who.role);
+    return c;
+  }
+
+  static void SecurityHeaders(httplib::Response& res) {
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("X-Frame-Options", "DENY");
+    res.set_header("Referrer-Policy", "no-referrer");
+    res.set_header("Content-Security-Policy",
+                   "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                   "script-src 'self'; connect-src 'self'; frame-ancestors 'none'");
+  }
+
+  // Runs `body`, mapping errors to HTTP statuses with a JSON body.
+  template <typename F>
+  void Guarded(httplib::Response& res, F&& body) {
+    SecurityHeaders(res);
+    try {
+      body();
+    } catch (const HttpError& e) {
+      res.status = e.status;
+      res.set_content(ErrorJson(e.what()), "application/json");
+    } catch (const UserError& e) {
+      res.status = 400;
+      res.set_content(ErrorJson(e.what()), "application/json");
+    } catch (const PermissionDenied& e) {
+      res.status = 403;
+      res.set_content(ErrorJson(e.what()), "application/json");
+    } catch (const Refused& e) {
+      res.status = 403;
+      res.set_content(ErrorJson(e.what()), "application/json");
+    } catch (const CatalogUnavailable& e) {
+      res.status = 503;
+      res.set_content(ErrorJson(e.what()), "application/json");
+    } catch (const std::exception& e) {
+      Logger("serve")->error("request failed: {}", e.what());
+      res.status = 500;
+      res.set_content(ErrorJson("internal error; see the dashboard's log"), "application/json");
+    }
+  }
+
+  void Api(httplib::Server& svr, const std::string& pattern, const std::string& view) {
+    svr.Get(pattern, [this, view](const httplib::Request& req, httplib::Response& res) {
+      Guarded(res, [&] {
+        auto it = o_.views.find(view);
+        if (it == o_.views.end()) throw HttpError(404, "no such resource");
+        Who who = Identify(req);
+        ApiRequest r;
+        for (const auto& [k, v] : req.params) r.params.try_emplace(k, v);
+        if (req.matches.size() > 1) r.id = req.matches[1];
+        std::optional<std::string> body;
+        try {
+          auto c = ConnectionFor(who);
+          body = it->second(**c, r);
+        } catch (const CatalogUnavailable&) {
+          // A pooled connection the server dropped (a restart): reads are safe to try again,
+          // once, on a fresh one.
+          auto c = ConnectionFor(who);
+          body = it->second(**c, r);
+        }
+        if (!body) throw HttpError(404, "not found (or not yours to see)");
+        res.set_header("Cache-Control", "no-store");
+        res.set_content(*body + "\n", "application/json");
+      });
+    });
+  }
+
+  void Routes(httplib::Server& svr) {
+    svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_redirect("/runs");
+    });
+    svr.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    // Every page is the same shell; assets/app.js draws the one the path names.
+    auto page = [this](const httplib::Request& req, httplib::Response& res) {
+      Guarded(res, [&] {
+        Identify(req);
+        const EmbeddedFile* f = Asset("index.html");
+        res.set_content(std::string(f->text), "text/html; charset=utf-8");
+      });
+    };
+    for (const char* p : {"/runs", R"(/runs/(\d+))", "/spend", "/cache", "/schedules", "/workers"})
+      svr.Get(p, page);
+    svr.Get(R"(/assets/([a-z0-9_.-]+))", [](const httplib::Request& req, httplib::Response& res) {
+      SecurityHeaders(res);
+      const EmbeddedFile* f = Asset(req.matches[1]);
+      if (!f || std::string(req.matches[1]) == "index.html") {
+        res.status = 404;
+        res.set_content("not found\n", "text/plain");
+        return;
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(std::string(f->text), ContentType(f->name.data()).c_str());
+    });
+    Api(svr, "/api/runs", "runs");
+    Api(svr, R"(/api/runs/(\d+))", "run");
+    Api(svr, "/api/spend", "spend");
+    Api(svr, "/api/cache", "cache");
+    Api(svr, "/api/schedules", "schedules");
+    Api(svr, "/api/workers", "workers");
+    svr.Get("/api/me", [this](const httplib::Request& req, httplib::Response& res) {
+      Guarded(res, [&] {
+        Who who = Identify(req);
+        nlohmann::json j = {{"role", who.role.empty() ? nlohmann::json(nullptr)
+                                                      : nlohmann::json(who.role)},
+                            {"auth", o_.auth == Auth::kLocal ? "local" : "proxy"},
+                            {"projects", who.all ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(who.projects)},
+                            {"csrf_token", CsrfToken(who)}};
+        res.set_header("Cache-Control", "no-store");
+        res.set_content(j.dump() + "\n", "application/json");
+      });
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      Guarded(res, [&] {
+        auto c = pool_.Take();
+        auto rows = (*c)->Metrics();
+        rows.push_back({"trnflow_serve_event_clients", "{}", static_cast<double>(hub_.clients())});
+        res.set_content(FormatMetrics(rows), "text/plain; version=0.0.4; charset=utf-8");
+      });
+    });
+    svr.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) {
+      Events(req, res);
+    });
+    svr.Post(R"(/api/runs/(\d+)/(cancel|resume|retry))",
+             [this](const httplib::Request& req, httplib::Response& res) { Write(req, res); });
+  }
+
+  // Server-Sent Events: the state changes this request's role may see, from the id in
+  // Last-Event-ID (or ?last_event_id=) on, else from now; a comment line when idle.
+  void Events(const httplib::Request& req, httplib::Response& res) {
+    Guarded(res, [&] {
+      auto who = std::make_shared<Who>(Identify(req));
+      std::string last = req.get_header_value("Last-Event-ID");
+      if (last.empty() && req.has_param("last_event_id")) last = req.get_param_value("last_event_id");
+      int64_t after = hub_.Latest();
+      bool resume = false;
+      if (!last.empty()) {
+        static const std::regex digits("[0-9]{1,18}");
+        if (!std::regex_match(last, digits))
+          throw UserError("Last-Event-ID " + last + ": expected an event id");
+        after = std::stoll(last);
+        resume = true;
+      }
+      if (!hub_.TryAddClient(o_.max_clients))
+        throw HttpError(503, "too many event streams (" + std::to_string(o_.max_clients) +
+                             "); poll /api/runs/ID instead, or raise --max-clients");
+      res.set_header("Cache-Control", "no-store");
+      res.set_header("X-Accel-Buffering", "no");
+      auto state = std::make_shared<int64_t>(after);
+      auto first = std::make_shared<bool>(true);
+      auto ends = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(o_.stream_lifetime_s));
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, who, state, first, resume, ends](size_t, httplib::DataSink& sink) {
+            std::string out;
+            auto visible = [&](const schema::ChangeRow& c) {
+              return who->all || who->projects.count(c.project) > 0;
+            };
+            int64_t before = *state, written = *state;
+            auto add = [&](const std::vector<schema::ChangeRow>& rows) {
+              for (const auto& c : rows) {
+                if (c.id <= *state) continue;
+                if (visible(c)) out += ChangeEvent(c), written = c.id;
+                *state = c.id;
+              }
+            };
+            if (*first) {
+              *first = false;
+              out = "retry: 2000\n: trnflow event stream\n\n";
+              if (resume) add(FromCatalog(*state));
+              if (!sink.write(out.data(), out.size())) return false;
+              out.clear();
+              before = written = *state;
+            }
+            if (hub_.stopped()) return false;
+            auto now = std::chrono::steady_clock::now();
+            if (now >= ends) {
+              sink.done();  // the client reconnects with Last-Event-ID
+              return true;
+            }
+            double wait = std::min(o_.heartbeat_s, std::chrono::duration<double>(ends - now).count());
+            auto batch = hub_.Wait(*state, wait);
+            if (hub_.stopped()) return false;
+            if (batch.gap) add(FromCatalog(*state));
+            add(batch.changes);
+            // Changes of projects it may not see move its resume point past them too.
+            if (*state != before && written != *state) out += "id: " + std::to_string(*state) + "\n\n";
+            if (out.empty()) out = ": heartbeat\n\n";
+            return sink.write(out.data(), out.size());
+          },
+          [this](bool) { hub_.RemoveClient(); });
+    });
+  }
+
+  // Changes after `after` from the catalog itself (a resume, or a stream that fell behind).
+  std::vector<schema::ChangeRow> FromCatalog(int64_t after) {
+    auto c = pool_.Take();
+    return (*c)->ChangesSince(after, 10000);
+  }
+
+  // The token a write must carry (X-CSRF-Token): bound to the user and to this process, read
+  // from /api/me, which another site's page cannot read (no CORS), and sent in a header, which
+  // another site's form cannot set.
+  std::string CsrfToken(const Who& who) const {
+    return Sha256Hex(csrf_secret_ + "\n" + who.role);
+  }
+
+  // POST /api/runs/ID/cancel|resume|retry?stage=NAME: as the person, who must see the run and
+  // be a writer of its project (any request with --auth local: the operator on this host).
+  void Write(const httplib::Request& req, httplib::Response& res) {
+    Guarded(res, [&] {
+      Who who = Identify(req);
+      if (req.get_header_value("X-CSRF-Token") != CsrfToken(who))
+        throw HttpError(403, "missing or wrong X-CSRF-Token (read it from /api/me)");
+      int64_t run_id = std::stoll(std::string(req.matches[1]));
+      std::string action = req.matches[2];
+      std::string project;
+      {
+        auto c = ConnectionFor(who);
+        auto run = (*c)->GetRun(run_id);
+        if (!run) throw HttpError(404, "not found (or not yours to see)");
+        project = run->project;
+      }
+      if (!who.role.empty()) {
+        auto c = pool_.Take();
+        if (!(*c)->MayWrite(who.role, project))
+          throw HttpError(403, "'" + who.role + "' may read project " + project +
+                               " but not write it (`trnflow project grant " + project + " " +
+                               who.role + " --write`)");
+      }
+      // The catalog's functions check the login (the daemons'): the person was checked above.
+      auto c = pool_.Take();
+      nlohmann::json out = {{"run_id", std::to_string(run_id)}, {"action", action}};
+      if (action == "cancel") {
+        auto r = (*c)->CancelRun(run_id);
+        out["cancelled"] = r.cancelled;
+        out["stages_cancelled"] = r.stages_cancelled;
+      } else if (action == "resume") {
+        out["stages_reset"] = (*c)->ResumeRun(run_id);
+      } else {
+        std::string stage = req.get_param_value("stage");
+        if (stage.empty()) throw UserError("retry needs ?stage=NAME");
+        out["stages_reset"] = (*c)->RetryStage(run_id, stage);
+      }
+      Logger("serve")->info("{} run={} by={}", action, run_id,
+                            who.role.empty() ? "local" : who.role);
+      res.set_content(out.dump() + "\n", "application/json");
+    });
+  }
+
+  const Options& o_;
+  CatalogPool pool_;
+  EventHub hub_;
+  std::string csrf_secret_;
+};
+
+}  // namespace
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+void ParseListen(const std::string& text, Options& o) {
+  static const std::regex re(R"(^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):([0-9]{1,5})$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re) || std::stoi(m[2]) > 65535)
+    throw UserError("--listen " + text + ": expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0: any)");
+  std::string host = m[1];
+  if (host.size() > 1 && host[0] == '[') host = host.substr(1, host.size() - 2);
+  o.host = host.empty() ? "0.0.0.0" : host;
+  o.port = std::stoi(m[2]);
+}
+
+void Serve(const Options& options, const std::atomic<bool>& stop,
+           const std::function<void(int port)>& on_listening) {
+  Dashboard d(options);
+  d.Run(stop, on_listening);
+}
+
+}  // namespace trnflow::serve

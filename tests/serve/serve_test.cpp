@@ -1,0 +1,804 @@
+// Issue 18, `trnflow serve`: the dashboard as people and Prometheus use it. Everything is real
+// and started here: a catalog database, the climate example run by the real binary, a worker
+// daemon, `trnflow serve` (one with no login on loopback, one behind a "proxy" header),
+// headless chromium, promtool and a Prometheus server. Screenshots are kept under
+// build/test-artifacts/serve/.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "schema/catalog.h"
+#include "serve/metrics.h"
+#include "serve/server.h"
+#include "tests/daemon.h"
+#include "tests/run_cli.h"
+#include "tests/test_db.h"
+
+namespace trnflow {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Daemon;
+using testing::RunTrnflow;
+using testing::TestDatabase;
+using testing::WaitFor;
+using testing::WriteTempFile;
+
+[[maybe_unused]] auto* const kDatabase =
+    ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_serve"));
+
+std::string Query(const std::string& sql) {
+  schema::Catalog c(TestDatabase::owner_url());
+  return c.QueryValue(sql);
+}
+
+struct Shell {
+  int code = -1;
+  std::string out;
+};
+
+// Runs a shell command; its stdout (and stderr, unless `cmd` sends it elsewhere) as text.
+Shell Sh(const std::string& cmd) {
+  Shell r;
+  FILE* p = popen((cmd.find("2>") == std::string::npos ? cmd + " 2>&1" : cmd).c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Starts `trnflow serve ARGS --listen 127.0.0.1:0` and returns the port it prints.
+int StartServe(std::unique_ptr<Daemon>& d, const std::string& name,
+               std::vector<std::string> args) {
+  args.insert(args.begin(), {"serve", "--listen", "127.0.0.1:0"});
+  d = std::make_unique<Daemon>(name, args);
+  d->Start();
+  int port = 0;
+  std::regex re(R"(listening on http://127\.0\.0\.1:(\d+)/)");
+  WaitFor(
+      [&] {
+        std::smatch m;
+        std::string log = ReadFile(d->log_path());
+        if (std::regex_search(log, m, re)) port = std::stoi(m[1]);
+        return port > 0;
+      },
+      30);
+  EXPECT_GT(port, 0) << ReadFile(d->log_path());
+  return port;
+}
+
+struct Http {
+  int status = 0;
+  std::string body;
+};
+
+Http Get(int port, const std::string& path, const httplib::Headers& headers = {}) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto r = c.Get(path.c_str(), headers);
+  if (!r) return {};
+  return {r->status, r->body};
+}
+
+nlohmann::json Json(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << text;
+  return j;
+}
+
+nlohmann::json CliJson(const std::string& args) {
+  auto r = RunTrnflow(args);
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+  return Json(r.out);
+}
+
+int64_t RunIdFrom(const std::string& out) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(out, m, std::regex(R"(run (\d+)[: ])"))) << out;
+  return m.empty() ? 0 : std::stoll(m[1]);
+}
+
+std::string ArtifactDir() {
+  fs::create_directories(TRNFLOW_ARTIFACT_DIR);
+  return TRNFLOW_ARTIFACT_DIR;
+}
+
+// Headless chromium: the DOM after the page's scripts ran (and, with `screenshot`, a PNG of it
+// kept as a test artifact).
+std::string Browse(const std::string& url, const std::string& screenshot = "",
+                   int budget_ms = 8000) {
+  static int calls = 0;
+  // A profile of its own each time: chromium started again on a profile it used waits on it.
+  auto fresh = [] {
+    std::string p = fs::temp_directory_path() /
+                    ("trnflow-chromium-" + std::to_string(getpid()) + "-" + std::to_string(++calls));
+    fs::remove_all(p);
+    return p;
+  };
+  auto common = [&](const std::string& profile) {
+    return "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+           "--no-first-run --user-data-dir=" + profile + " --virtual-time-budget=" +
+           std::to_string(budget_ms) + " ";
+  };
+  if (!screenshot.empty()) {
+    std::string profile = fresh();
+    Shell s = Sh(common(profile) + "--window-size=1400,1100 --hide-scrollbars --screenshot=" +
+                 ArtifactDir() + "/" + screenshot + " '" + url + "'");
+    fs::remove_all(profile);
+    EXPECT_EQ(s.code, 0) << s.out;
+    EXPECT_TRUE(fs::exists(ArtifactDir() + "/" + screenshot)) << s.out;
+  }
+  std::string profile = fresh();
+  Shell s = Sh(common(profile) + "--dump-dom '" + url + "' 2>/dev/null");
+  fs::remove_all(profile);
+  EXPECT_EQ(s.code, 0) << s.out;
+  return s.out;
+}
+
+// The amounts ($1.23) on the line of a CLI table that starts with `first`.
+std::vector<std::string> Dollars(const std::string& table, const std::string& first) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(first, 0) != 0) continue;
+    std::vector<std::string> out;
+    std::regex re(R"(-?\$[0-9,]+\.[0-9]{2})");
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), re); it != std::sregex_iterator();
+         ++it)
+      out.push_back(it->str());
+    return out;
+  }
+  return {};
+}
+
+// The text of the element with id `id` in a dumped DOM.
+std::string ById(const std::string& dom, const std::string& id) {
+  std::smatch m;
+  if (!std::regex_search(dom, m, std::regex("id=\"" + id + "\"[^>]*>([^<]*)<"))) return "";
+  return m[1];
+}
+
+// Events of an SSE stream, read until `enough` says so or `timeout_s` passes.
+struct Sse {
+  int status = 0;
+  std::vector<nlohmann::json> events;
+  std::vector<int64_t> ids;
+  int heartbeats = 0;
+};
+
+// Follows the stream as EventSource does: when the server ends it (--stream-lifetime), it
+// reconnects with the last id it saw in Last-Event-ID.
+Sse ReadEvents(int port, httplib::Headers headers, const std::function<bool(const Sse&)>& enough,
+               double timeout_s, const std::string& path = "/api/events") {
+  Sse sse;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string last_id;
+  if (auto it = headers.find("Last-Event-ID"); it != headers.end()) last_id = it->second;
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(static_cast<time_t>(timeout_s) + 5, 0);
+    headers.erase("Last-Event-ID");
+    if (!last_id.empty()) headers.emplace("Last-Event-ID", last_id);
+    std::string buffer;
+    auto r = c.Get(
+        path.c_str(), headers,
+        [&](const httplib::Response& res) {
+          sse.status = res.status;
+          return res.status == 200;
+        },
+        [&](const char* data, size_t n) {
+          buffer.append(data, n);
+          size_t end;
+          while ((end = buffer.find("\n\n")) != std::string::npos) {
+            std::string block = buffer.substr(0, end);
+            buffer.erase(0, end + 2);
+            if (block.find(": heartbeat") != std::string::npos) ++sse.heartbeats;
+            std::smatch m, id;
+            bool has_id = std::regex_search(block, id, std::regex(R"(^id: (\d+)$)", std::regex::multiline));
+            if (has_id) last_id = id[1];
+            if (std::regex_search(block, m, std::regex(R"(^data: (.*)$)", std::regex::multiline))) {
+              sse.events.push_back(Json(m[1]));
+              if (has_id) sse.ids.push_back(std::stoll(id[1]));
+            }
+          }
+          done = enough(sse);
+          return !done && std::chrono::steady_clock::now() < deadline;
+        });
+    if (r && sse.status == 0) sse.status = r->status;
+    if (sse.status != 200) break;
+  }
+  return sse;
+}
+
+constexpr char kOtherLab[] = "pipeline: other-work\nproject: other-lab\nstages:\n"
+                             "  hello:\n    run: [\"true\"]\n    instance: c6i.xlarge\n";
+
+// Three run: stages in a chain; the last waits until the test opens GATE (a file), so the
+// test decides when the run ends: after the browser watches it.
+constexpr char kSlow[] = R"(pipeline: slow-chain
+project: climate-lab
+stages:
+  first:
+    run: ["sleep", "1"]
+    instance: c6i.xlarge
+  second:
+    run: ["sleep", "1"]
+    instance: c6i.xlarge
+    needs: [first]
+  third:
+    run: ["bash", "-c", "while [ ! -e GATE ]; do sleep 0.2; done"]
+    instance: c6i.xlarge
+    needs: [second]
+)";
+
+const std::vector<std::string> kLocalArgs = {"--heartbeat", "1", "--stream-lifetime", "2"};
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Daemons start here, as `trnflow` commands do (paths in the catalog are the same to both).
+    fs::current_path(TRNFLOW_SOURCE_DIR);
+    // The climate example at its demo spot rate and the default seed: training is interrupted
+    // once and resumes (tests/cli_test.cpp, ClimateRunSurvivesASpotInterruption...).
+    auto r = RunTrnflow("run examples/climate/pipeline.yaml --speed 200000");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    climate_run_ = RunIdFrom(r.out);
+    // A second project with a member of its own and a run of its own.
+    alice_url_ = TestDatabase::NewLogin("alice");
+    alice_ = "trnflow_test_" + TestDatabase::database_name() + "_alice";
+    auto add = RunTrnflow("project add other-lab --member " + alice_);
+    ASSERT_EQ(add.exit_code, 0) << add.err;
+    r = RunTrnflow("run " + WriteTempFile("other.yaml", kOtherLab) + " --speed 1000000");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    other_run_ = RunIdFrom(r.out);
+    auto sched = RunTrnflow("schedule add nightly examples/climate/pipeline.yaml --cron '0 2 * * *'");
+    ASSERT_EQ(sched.exit_code, 0) << sched.err;
+    worker_ = std::make_unique<Daemon>("serve-worker", std::vector<std::string>{
+                                                           "worker", "--pool", "cpu=2"});
+    worker_->Start();
+    ASSERT_TRUE(WaitFor([] { return CliJson("workers --format json").size() == 1; }, 30));
+    // Event streams of the local dashboard end every 2 s and resume (as browsers do), so headless
+    // chromium's virtual time, which waits while a request is open, moves on.
+    port_ = StartServe(serve_, "serve-local", kLocalArgs);
+    proxy_port_ = StartServe(proxy_, "serve-proxy",
+                             {"--auth", "proxy", "--heartbeat", "1", "--max-clients", "4"});
+  }
+  static void TearDownTestSuite() {
+    serve_.reset();
+    proxy_.reset();
+    worker_.reset();
+  }
+
+  static std::string LedgerSum(const std::string& project) {
+    return Query("SELECT sum(a.cost_usd)::text FROM trnflow.attempts a JOIN trnflow.runs r ON "
+                 "r.id = a.run_id WHERE a.outcome IS NOT NULL AND r.project = '" +
+                 project + "'");
+  }
+
+  static inline int64_t climate_run_ = 0, other_run_ = 0;
+  static inline std::string alice_, alice_url_;
+  static inline std::unique_ptr<Daemon> worker_, serve_, proxy_;
+  static inline int port_ = 0, proxy_port_ = 0;
+};
+
+TEST_F(Serve, TheApiAnswersWhatTheCliPrints) {
+  std::string run = std::to_string(climate_run_);
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"/api/runs", "runs --format json"},
+      {"/api/runs?project=climate-lab&state=succeeded",
+       "runs --project climate-lab --state succeeded --format json"},
+      {"/api/runs?pipeline=other-work&since=1d", "runs --pipeline other-work --since 1d --format json"},
+      {"/api/runs?state=failed", "runs --state failed --format json"},
+      {"/api/runs/" + run, "show " + run + " --format json"},
+      {"/api/spend", "spend --format json"},
+      {"/api/spend?by=project,stage", "spend --by project,stage --format json"},
+      {"/api/spend?by=day&project=climate-lab", "spend --by day --project climate-lab --format json"},
+      {"/api/cache", "cache ls --format json"},
+      {"/api/schedules", "schedule ls --format json"},
+  };
+  for (const auto& [path, args] : pairs) {
+    Http h = Get(port_, path);
+    ASSERT_EQ(h.status, 200) << path << ": " << h.body;
+    EXPECT_EQ(Json(h.body), CliJson(args)) << path << " vs trnflow " << args;
+  }
+  // Not vacuous: the data is there.
+  EXPECT_EQ(Json(Get(port_, "/api/runs").body).size(), 2u);
+  EXPECT_EQ(Json(Get(port_, "/api/runs?pipeline=other-work").body).size(), 1u);
+  EXPECT_EQ(Json(Get(port_, "/api/runs/" + run).body)["stages"].size(), 10u);
+  EXPECT_FALSE(Json(Get(port_, "/api/cache").body).empty());
+  EXPECT_EQ(Json(Get(port_, "/api/schedules").body).size(), 1u);
+  // Workers: the same, but for the heartbeat's age, which moves between the two reads.
+  auto strip = [](nlohmann::json j) {
+    for (auto& w : j) w.erase("heartbeat_age_seconds");
+    return j;
+  };
+  auto api_workers = Json(Get(port_, "/api/workers").body);
+  ASSERT_EQ(api_workers.size(), 1u);
+  EXPECT_EQ(strip(api_workers), strip(CliJson("workers --format json")));
+  EXPECT_EQ(api_workers[0]["pools"][0]["pool"], "cpu");
+  // Bad input and missing rows are said as such.
+  EXPECT_EQ(Get(port_, "/api/runs?state=exploded").status, 400);
+  EXPECT_EQ(Get(port_, "/api/spend?by=colour").status, 400);
+  EXPECT_EQ(Get(port_, "/api/runs/99999999").status, 404);
+  EXPECT_EQ(Get(port_, "/api/runs?project=nope").status, 400);
+}
+
+TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
+  Http m = Get(port_, "/metrics");
+  ASSERT_EQ(m.status, 200);
+  std::string file = WriteTempFile("metrics.txt", m.body);
+  Shell check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out << "\n" << m.body;
+  Shell rules = Sh("promtool check rules " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
+  EXPECT_EQ(rules.code, 0) << rules.out;
+  // Bounded labels only: never a run, an attempt or a worker.
+  EXPECT_FALSE(std::regex_search(m.body, std::regex(R"([{,](run|run_id|attempt|worker|worker_id)=)")))
+      << m.body;
+  auto sample = [&](const std::string& series) {
+    std::smatch s;
+    std::string escaped = std::regex_replace(series, std::regex(R"([{}\[\]().*+?^$|\\])"), "\\$&");
+    EXPECT_TRUE(std::regex_search(m.body, s, std::regex("\n" + escaped + " ([0-9.e+-]+)\n")))
+        << series << " not in\n" << m.body;
+    return s.empty() ? -1.0 : std::stod(s[1]);
+  };
+  double ledger = std::stod(LedgerSum("climate-lab"));
+  ASSERT_GT(ledger, 0);
+  EXPECT_NEAR(sample(R"(trnflow_spend_usd_total{project="climate-lab"})"), ledger, 1e-6);
+  EXPECT_NEAR(sample(R"(trnflow_spend_usd_total{project="other-lab"})"),
+              std::stod(LedgerSum("other-lab")), 1e-6);
+  EXPECT_EQ(sample(R"(trnflow_attempts_total{outcome="spot_interruption"})"),
+            std::stod(Query("SELECT count(*) FROM trnflow.attempts WHERE outcome = "
+                            "'spot_interruption'")));
+  EXPECT_GE(sample(R"(trnflow_spot_interruptions_total{instance_type="trn1.32xlarge"})"), 1);
+  EXPECT_EQ(sample(R"(trnflow_runs_finished_total{state="succeeded"})"), 2);
+  EXPECT_EQ(sample(R"(trnflow_workers{state="live"})"), 1);
+  EXPECT_NE(m.body.find("# TYPE trnflow_spend_usd_total counter"), std::string::npos);
+  EXPECT_NE(m.body.find("# TYPE trnflow_queue_ready_stages gauge"), std::string::npos) << m.body;
+
+  // The counters are sums over the ledger: a restarted dashboard reports the same figures.
+  serve_.reset();
+  port_ = StartServe(serve_, "serve-local-again", kLocalArgs);
+  Http again = Get(port_, "/metrics");
+  std::smatch a, b;
+  std::regex spend(R"(trnflow_spend_usd_total\{project="climate-lab"\} ([0-9.e+-]+))");
+  ASSERT_TRUE(std::regex_search(m.body, a, spend));
+  ASSERT_TRUE(std::regex_search(again.body, b, spend));
+  EXPECT_EQ(a[1], b[1]);
+}
+
+TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
+  std::string dir = fs::temp_directory_path() / ("trnflow-prom-" + std::to_string(getpid()));
+  fs::create_directories(dir + "/data");
+  int prom_port = FreePort();
+  std::ofstream(dir + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - "
+      << TRNFLOW_SOURCE_DIR << "/ops/prometheus/alerts.yml\nscrape_configs:\n"
+      << "  - job_name: trnflow\n    static_configs:\n      - targets: ['127.0.0.1:" << port_
+      << "']\n";
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string log = dir + "/prometheus.log";
+    freopen(log.c_str(), "w", stdout);
+    freopen(log.c_str(), "a", stderr);
+    std::string config = "--config.file=" + dir + "/prometheus.yml";
+    std::string data = "--storage.tsdb.path=" + dir + "/data";
+    std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(prom_port);
+    execlp("prometheus", "prometheus", config.c_str(), data.c_str(), listen.c_str(), nullptr);
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  double ledger = std::stod(LedgerSum("climate-lab"));
+  double seen = -1;
+  bool got = WaitFor(
+      [&] {
+        httplib::Client c("127.0.0.1", prom_port);
+        auto r = c.Get("/api/v1/query?query=" +
+                       httplib::detail::encode_query_param(
+                           R"(trnflow_spend_usd_total{project="climate-lab",job="trnflow"})"));
+        if (!r || r->status != 200) return false;
+        auto j = nlohmann::json::parse(r->body, nullptr, false);
+        if (j.is_discarded() || j["data"]["result"].empty()) return false;
+        seen = std::stod(j["data"]["result"][0]["value"][1].get<std::string>());
+        return true;
+      },
+      90);
+  std::string target_health;
+  {
+    httplib::Client c("127.0.0.1", prom_port);
+    auto r = c.Get("/api/v1/targets");
+    if (r) target_health = r->body;
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(got) << ReadFile(dir + "/prometheus.log") << target_health;
+  EXPECT_NEAR(seen, ledger, 1e-6) << "PromQL and the ledger agree";
+  EXPECT_NE(target_health.find("\"health\":\"up\""), std::string::npos) << target_health;
+  fs::remove_all(dir);
+}
+
+TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
+  std::string run = std::to_string(climate_run_);
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
+                               "?live=0",
+                           "run-" + run + ".png");
+  auto show = CliJson("show " + run + " --format json");
+  ASSERT_EQ(show["stages"].size(), 10u);
+  for (const auto& s : show["stages"]) {
+    std::string name = s["name"];
+    EXPECT_NE(dom.find("class=\"node\" data-stage=\"" + name + "\" data-state=\"" +
+                       s["state"].get<std::string>() + "\""),
+              std::string::npos)
+        << name << " is not drawn with its state:\n" << dom.substr(0, 4000);
+  }
+  // The timeline: one bar per attempt, the interrupted training attempt marked as such.
+  size_t bars = 0;
+  for (const auto& s : show["stages"]) bars += s["attempts"].size();
+  std::regex bar(R"(<rect class="attempt )");
+  EXPECT_EQ(static_cast<size_t>(std::distance(
+                std::sregex_iterator(dom.begin(), dom.end(), bar), std::sregex_iterator())),
+            bars);
+  EXPECT_TRUE(std::regex_search(
+      dom, std::regex(R"(<rect class="attempt outcome-spot_interruption market-spot" data-stage="train" data-attempt="1" data-outcome="spot_interruption")")))
+      << dom.substr(0, 4000);
+  EXPECT_NE(dom.find("class=\"interruption\" data-stage=\"train\""), std::string::npos);
+  // The run's total on the page is `trnflow show`'s, to the cent.
+  Shell table = Sh(std::string("cd " TRNFLOW_SOURCE_DIR " && " TRNFLOW_BINARY " show ") + run);
+  std::smatch spent;
+  ASSERT_TRUE(std::regex_search(table.out, spent, std::regex(R"(spent (\$[0-9.,]+))")))
+      << table.out;
+  EXPECT_EQ(ById(dom, "run-cost"), spent[1]);
+  EXPECT_EQ(ById(dom, "run-interruptions"), "1");
+}
+
+TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
+  std::string url = "http://127.0.0.1:" + std::to_string(port_) + "/runs";
+  std::string all = Browse(url + "?live=0", "runs.png");
+  std::string climate = "<a href=\"/runs/" + std::to_string(climate_run_) + "\">";
+  std::string other = "<a href=\"/runs/" + std::to_string(other_run_) + "\">";
+  EXPECT_NE(all.find(climate), std::string::npos) << all.substr(0, 3000);
+  EXPECT_NE(all.find(other), std::string::npos);
+  std::string filtered = Browse(url + "?project=other-lab&state=succeeded&live=0");
+  EXPECT_EQ(filtered.find(climate), std::string::npos);
+  EXPECT_NE(filtered.find(other), std::string::npos);
+  // The total is the runs' costs added in micro-dollars, printed as the CLI prints money.
+  int64_t micros = 0;
+  for (const auto& r : CliJson("runs --format json"))
+    micros += std::llround(r["cost_usd"].get<double>() * 1e6);
+  char want[32];
+  std::snprintf(want, sizeof want, "$%lld.%02lld", static_cast<long long>((micros + 5000) / 1000000),
+                static_cast<long long>(((micros + 5000) / 10000) % 100));
+  EXPECT_EQ(ById(all, "runs-total-cost_usd"), want);
+}
+
+TEST_F(Serve, TheSpendPageEqualsTrnflowSpendToTheCent) {
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/spend?live=0",
+                           "spend.png");
+  for (const std::string by : {"project", "instance", "month"}) {
+    auto r = RunTrnflow("spend --by " + by);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto total = Dollars(r.out, "total");
+    ASSERT_EQ(total.size(), 3u) << r.out;
+    EXPECT_EQ(ById(dom, "spend-" + by + "-total-cost_usd"), total[0]) << by << "\n" << r.out;
+    EXPECT_EQ(ById(dom, "spend-" + by + "-total-wasted_usd"), total[1]) << by;
+    EXPECT_EQ(ById(dom, "spend-" + by + "-total-saved_usd"), total[2]) << by;
+  }
+  // Each project's row too.
+  auto r = RunTrnflow("spend --by project");
+  for (const std::string project : {"climate-lab", "other-lab"}) {
+    auto cells = Dollars(r.out, project);
+    ASSERT_EQ(cells.size(), 3u) << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(
+        dom, m, std::regex("<td>" + project + R"(</td><td class="num">\d+</td><td class="num">[0-9.]+</td><td class="num">([^<]+)</td>)")))
+        << project;
+    EXPECT_EQ(m[1], cells[0]) << project;
+  }
+}
+
+TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
+  // Nothing else streams now (the cap test below counts streams).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(port_, "/metrics").body.find("\ntrnflow_serve_event_clients 0\n") !=
+               std::string::npos;
+      },
+      30));
+  std::atomic<int64_t> run{0};
+  Sse live;
+  std::thread reader([&] {
+    live = ReadEvents(
+        port_, {},
+        [&](const Sse& s) {
+          for (const auto& e : s.events)
+            if (run && e["run_id"] == std::to_string(run.load()) && e["stage"].is_null() &&
+                e["state"] == "succeeded")
+              return true;
+          return false;
+        },
+        90);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      30));
+  std::string gate = fs::temp_directory_path() / ("trnflow-serve-gate-" + std::to_string(getpid()));
+  fs::remove(gate);
+  std::string yaml = std::regex_replace(std::string(kSlow), std::regex("GATE"), gate);
+  auto sub = RunTrnflow("submit " + WriteTempFile("slow.yaml", yaml) + " --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  run = std::stoll(Json(sub.out)["run_id"].get<std::string>());
+  std::string id = std::to_string(run.load());
+
+  // The page, opened while the run goes on, follows it without a reload: the last stage ends
+  // only once the page is open and following the stream (two streams: it and the reader).
+  std::string dom;
+  std::thread browser([&] {
+    dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id, "", 30000);
+  });
+  bool watching = WaitFor(
+      [&] {
+        return Get(port_, "/metrics").body.find("\ntrnflow_serve_event_clients 2\n") !=
+               std::string::npos;
+      },
+      60);
+  std::ofstream(gate) << "go\n";
+  browser.join();
+  fs::remove(gate);
+  EXPECT_TRUE(watching) << "the browser never opened the event stream";
+  reader.join();
+  ASSERT_EQ(live.status, 200);
+  std::vector<std::string> seen;  // "stage:state" of this run, in order
+  for (const auto& e : live.events)
+    if (e["run_id"] == id) seen.push_back((e["stage"].is_null() ? "" : e["stage"].get<std::string>()) +
+                                          ":" + e["state"].get<std::string>());
+  std::vector<std::string> order;
+  for (const auto& s : seen)
+    if (s == "first:running" || s == "first:succeeded" || s == "second:ready" ||
+        s == "second:running" || s == "third:succeeded" || s == ":succeeded")
+      order.push_back(s);
+  EXPECT_EQ(order, (std::vector<std::string>{"first:running", "first:succeeded", "second:ready",
+                                             "second:running", "third:succeeded", ":succeeded"}))
+      << ::testing::PrintToString(seen);
+  EXPECT_TRUE(std::is_sorted(live.ids.begin(), live.ids.end()));
+  EXPECT_GE(live.heartbeats, 1) << "an idle stream says it is alive";
+
+  // On screen: the last stage's final state, reached through the stream.
+  EXPECT_TRUE(std::regex_search(
+      dom, std::regex(R"(class="node" data-stage="third" data-state="succeeded" data-live-changes="\d+")")))
+      << dom.substr(0, 3000);
+
+  // Resuming from an id gives exactly what followed it, from the catalog's sequence.
+  ASSERT_GE(live.ids.size(), 3u);
+  int64_t from = live.ids[0];
+  size_t want = live.ids.size() - 1;
+  Sse resumed = ReadEvents(port_, {{"Last-Event-ID", std::to_string(from)}},
+                           [&](const Sse& s) { return s.ids.size() >= want; }, 20);
+  ASSERT_EQ(resumed.status, 200);
+  std::vector<int64_t> rest(live.ids.begin() + 1, live.ids.end());
+  ASSERT_GE(resumed.ids.size(), want);
+  resumed.ids.resize(want);
+  EXPECT_EQ(resumed.ids, rest);
+  EXPECT_EQ(Get(port_, "/api/events", {{"Last-Event-ID", "yesterday"}}).status, 400);
+
+  // At most --max-clients (4) streams on a dashboard; the fifth is told to poll instead.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  auto clients = [&](int n) {
+    return WaitFor(
+        [&] {
+          return Get(proxy_port_, "/metrics").body.find("\ntrnflow_serve_event_clients " +
+                                                        std::to_string(n) + "\n") !=
+                 std::string::npos;
+        },
+        30);
+  };
+  ASSERT_TRUE(clients(0));
+  std::vector<std::thread> holders;
+  std::atomic<bool> release{false};
+  for (int i = 0; i < 4; ++i)
+    holders.emplace_back(
+        [&] { ReadEvents(proxy_port_, alice, [&](const Sse&) { return release.load(); }, 60); });
+  ASSERT_TRUE(clients(4));
+  Http refused = Get(proxy_port_, "/api/events", alice);
+  release = true;
+  for (auto& t : holders) t.join();
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("too many event streams"), std::string::npos);
+  EXPECT_TRUE(clients(0)) << "closed streams give their place back";
+}
+
+TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  auto runs = Json(Get(proxy_port_, "/api/runs", alice).body);
+  ASSERT_EQ(runs.size(), 1u) << runs.dump();
+  EXPECT_EQ(runs[0]["project"], "other-lab");
+  // What psql shows alice is what the dashboard shows her.
+  {
+    schema::Catalog as_alice(alice_url_);
+    EXPECT_EQ(as_alice.QueryValue("SELECT count(*) FROM trnflow.runs"), "1");
+  }
+  EXPECT_EQ(Get(proxy_port_, "/api/runs/" + std::to_string(climate_run_), alice).status, 404);
+  EXPECT_EQ(Get(proxy_port_, "/api/runs/" + std::to_string(other_run_), alice).status, 200);
+  auto spend = Json(Get(proxy_port_, "/api/spend?by=project", alice).body);
+  ASSERT_EQ(spend.size(), 1u) << spend.dump();
+  EXPECT_EQ(spend[0]["project"], "other-lab");
+  EXPECT_EQ(Get(proxy_port_, "/api/runs?project=climate-lab", alice).status, 400)
+      << "a project she cannot see does not exist for her";
+  EXPECT_TRUE(Json(Get(proxy_port_, "/api/schedules", alice).body).empty())
+      << "the nightly schedule is climate-lab's";
+  // Her event stream, from the very first change: her project's only.
+  Sse hers = ReadEvents(proxy_port_, {{"X-Forwarded-User", alice_}, {"Last-Event-ID", "0"}},
+                        [](const Sse& s) { return s.heartbeats > 0; }, 20);
+  ASSERT_EQ(hers.status, 200);
+  ASSERT_FALSE(hers.events.empty());
+  for (const auto& e : hers.events) EXPECT_EQ(e["project"], "other-lab") << e.dump();
+  Sse all = ReadEvents(port_, {{"Last-Event-ID", "0"}},
+                       [](const Sse& s) { return s.heartbeats > 0; }, 20);
+  std::set<std::string> projects;
+  for (const auto& e : all.events) projects.insert(e["project"].get<std::string>());
+  EXPECT_TRUE(projects.count("climate-lab")) << "the local (operator's) stream sees every project";
+  // Who may not come in.
+  EXPECT_EQ(Get(proxy_port_, "/api/runs").status, 401) << "no proxy header";
+  EXPECT_EQ(Get(proxy_port_, "/runs").status, 401);
+  EXPECT_EQ(Get(proxy_port_, "/api/runs", {{"X-Forwarded-User", "nobody_at_all"}}).status, 403);
+  std::string daemon = Query("SELECT trnflow.daemon_role()");
+  EXPECT_EQ(Get(proxy_port_, "/api/runs", {{"X-Forwarded-User", daemon}}).status, 403)
+      << "never the daemons' own role";
+  EXPECT_EQ(Get(proxy_port_, "/api/runs", {{"X-Forwarded-User", "postgres"}}).status, 403);
+  // The local dashboard answers loopback names only (a rebinding page names its own host).
+  EXPECT_EQ(Get(port_, "/api/runs", {{"Host", "evil.example:" + std::to_string(port_)}}).status,
+            403);
+  // Her connections go back to the login's own role; alice again still sees only hers.
+  EXPECT_EQ(Json(Get(proxy_port_, "/api/runs", alice).body).size(), 1u);
+}
+
+Http Post(int port, const std::string& path, const httplib::Headers& headers) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto r = c.Post(path.c_str(), headers, "", "application/x-www-form-urlencoded");
+  if (!r) return {};
+  return {r->status, r->body};
+}
+
+TEST_F(Serve, WritesNeedAWriterAndTheCsrfToken) {
+  std::string bob = "trnflow_test_" + TestDatabase::database_name() + "_bob";
+  TestDatabase::NewLogin("bob");
+  ASSERT_EQ(RunTrnflow("project grant other-lab " + bob + " --read").exit_code, 0);
+  auto sub = RunTrnflow("submit " +
+                        WriteTempFile("long.yaml", "pipeline: long-work\nproject: other-lab\n"
+                                                   "stages:\n  wait:\n    run: [\"sleep\", \"60\"]\n"
+                                                   "    instance: c6i.xlarge\n") +
+                        " --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  auto state = [&] { return Query("SELECT state FROM trnflow.runs WHERE id = " + run); };
+  ASSERT_TRUE(WaitFor([&] {
+    return Query("SELECT state FROM trnflow.stages WHERE run_id = " + run) == "running";
+  }, 30));
+  auto token = [&](const std::string& who) {
+    return Json(Get(proxy_port_, "/api/me", {{"X-Forwarded-User", who}}).body)["csrf_token"]
+        .get<std::string>();
+  };
+  std::string cancel = "/api/runs/" + run + "/cancel";
+  // No token, a wrong one, another person's: refused, nothing changes.
+  EXPECT_EQ(Post(proxy_port_, cancel, {{"X-Forwarded-User", alice_}}).status, 403);
+  EXPECT_EQ(Post(proxy_port_, cancel, {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(bob)}})
+                .status,
+            403);
+  // A reader of the project may not write.
+  Http by_bob = Post(proxy_port_, cancel, {{"X-Forwarded-User", bob}, {"X-CSRF-Token", token(bob)}});
+  EXPECT_EQ(by_bob.status, 403) << by_bob.body;
+  EXPECT_NE(by_bob.body.find("not write"), std::string::npos) << by_bob.body;
+  // Nobody acts on a run they cannot see.
+  EXPECT_EQ(Post(proxy_port_, "/api/runs/" + std::to_string(climate_run_) + "/cancel",
+                 {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(alice_)}})
+                .status,
+            404);
+  EXPECT_EQ(state(), "running");
+  // The writer with her token cancels it, and may resume it.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", token(alice_)}};
+  Http ok = Post(proxy_port_, cancel, alice);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Json(ok.body)["cancelled"], true);
+  EXPECT_TRUE(WaitFor([&] { return state() == "cancelled"; }, 30)) << state();
+  ASSERT_TRUE(WaitFor([&] {  // its worker stops the running stage
+    return Query("SELECT state FROM trnflow.stages WHERE run_id = " + run) == "cancelled";
+  }, 30));
+  Http resumed = Post(proxy_port_, "/api/runs/" + run + "/resume", alice);
+  ASSERT_EQ(resumed.status, 200) << resumed.body;
+  EXPECT_GE(Json(resumed.body)["stages_reset"].get<int>(), 1);
+  EXPECT_EQ(state(), "running");
+  EXPECT_EQ(Post(proxy_port_, cancel, alice).status, 200);
+  // Bad input is 400: resuming a run that is not failed or cancelled (local: the operator).
+  std::string local_token = Json(Get(port_, "/api/me").body)["csrf_token"];
+  EXPECT_EQ(Post(port_, "/api/runs/" + std::to_string(climate_run_) + "/resume", {}).status, 403);
+  EXPECT_EQ(Post(port_, "/api/runs/" + std::to_string(climate_run_) + "/resume",
+                 {{"X-CSRF-Token", local_token}})
+                .status,
+            400);
+}
+
+// The text format by itself: HELP and TYPE once per metric, label values escaped, a metric it
+// does not know kept (untyped) rather than dropped, numbers that read back exactly.
+TEST(ServeMetrics, TheTextFormatIsWellFormed) {
+  std::string text = serve::FormatMetrics({
+      {"trnflow_spend_usd_total", R"({"project":"a\"b\\c\nd"})", 0.799283},
+      {"trnflow_spend_usd_total", R"({"project":"x"})", 2},
+      {"trnflow_something_new", "{}", 1.5},
+  });
+  EXPECT_EQ(text,
+            "# HELP trnflow_something_new trnflow metric\n"
+            "# TYPE trnflow_something_new untyped\n"
+            "trnflow_something_new 1.5\n"
+            "# HELP trnflow_spend_usd_total Dollars charged by closed attempts (the ledger).\n"
+            "# TYPE trnflow_spend_usd_total counter\n"
+            "trnflow_spend_usd_total{project=\"a\\\"b\\\\c\\nd\"} 0.799283\n"
+            "trnflow_spend_usd_total{project=\"x\"} 2\n");
+  std::string file = WriteTempFile("format.txt", text);
+  Shell check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out;
+}
+
+TEST(ServeOptions, ListenAddressesAndLoopback) {
+  serve::Options o;
+  serve::ParseListen("127.0.0.1:8080", o);
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_EQ(o.port, 8080);
+  serve::ParseListen("[::1]:0", o);
+  EXPECT_EQ(o.host, "::1");
+  EXPECT_EQ(o.port, 0);
+  serve::ParseListen(":9000", o);
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_FALSE(serve::IsLoopback(o.host));
+  EXPECT_TRUE(serve::IsLoopback("127.0.0.2"));
+  EXPECT_TRUE(serve::IsLoopback("localhost"));
+  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:"})
+    EXPECT_THROW(serve::ParseListen(bad, o), UserError) << bad;
+  // And the command refuses to serve everything to the network without a login.
+  auto r = RunTrnflow("serve --listen 0.0.0.0:0");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("loopback addresses only"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace trnflow
