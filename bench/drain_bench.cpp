@@ -2,7 +2,9 @@
 // processes start, and the time runs until the catalog records the last one done, with the
 // full bookkeeping of every stage: claim under a lease, an attempt row opened and closed in
 // the ledger with its bill, the stage's state, the dependents check and the run's finish.
-// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512]
+// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512] [--feed off]
+// --feed off: without the dashboard's change feed (the triggers that record every state
+// change in trnflow.changes), to measure what it costs.
 // Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,7 @@ int main(int argc, char** argv) {
   int workers = static_cast<int>(flags.Int("workers", 1));
   int capacity = static_cast<int>(flags.Int("capacity", 128));
   int batch = static_cast<int>(flags.Int("batch", 512));
+  bool feed = flags.Text("feed", "on") != "off";
   std::string name = "trnflow_bench_drain_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   double seconds = 0;
@@ -33,6 +36,7 @@ int main(int argc, char** argv) {
       c.Migrate(sim::Catalog::Builtin());
       c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
       run = InsertStages(c, stages, "ready", false);
+      if (!feed) c.RunOutsideTransaction("ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
       c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
       // The clock starts before the worker processes do (their start-up counts).
       start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
@@ -62,8 +66,9 @@ int main(int argc, char** argv) {
   DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"drain\",\"jobs\":%lld,\"processes\":%d,"
-      "\"capacity\":%d,\"seconds\":%.3f,\"per_s\":%.0f,%s}\n",
-      static_cast<long long>(stages), workers, capacity, seconds, stages / seconds,
+      "\"capacity\":%d,\"feed\":%s,\"seconds\":%.3f,\"per_s\":%.0f,%s}\n",
+      static_cast<long long>(stages), workers, capacity, feed ? "true" : "false", seconds,
+      stages / seconds,
       PerStageJson(before, after, stages).c_str());
   return 0;
 }
