@@ -54,4 +54,14 @@ void TestDatabase::TearDown() {
   schema::DropCatalogRoles(AdminUrl(), name_);
 }
 
+std::string Query(const std::string& sql) {
+  schema::Catalog c(TestDatabase::owner_url());
+  return c.QueryValue(sql);
+}
+
+double QueryNumber(const std::string& sql) {
+  std::string v = Query(sql);
+  return v.empty() ? -1 : std::stod(v);
+}
+
 }  // namespace trnflow::testing

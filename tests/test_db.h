@@ -34,6 +34,11 @@ class TestDatabase : public ::testing::Environment {
 // the schema owner ops/setup.sh made (/etc/trnflow/owner.url).
 std::string AdminUrl();
 
+// One value from this binary's database as its schema owner (every project's rows): "" for
+// NULL or no row. QueryNumber: the same as a number, -1 for NULL or no row.
+std::string Query(const std::string& sql);
+double QueryNumber(const std::string& sql);
+
 // Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held.
 template <typename F>
 bool WaitFor(F&& condition, double timeout_s);

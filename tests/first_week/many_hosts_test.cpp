@@ -20,16 +20,12 @@ namespace {
 using testing::Daemon;
 using testing::RunTrnflow;
 using testing::TestDatabase;
+using testing::Query;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
 [[maybe_unused]] auto* const kDatabase =
     ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_fw_hosts"));
-
-std::string Query(const std::string& sql) {
-  schema::Catalog c(TestDatabase::owner_url());
-  return c.QueryValue(sql);
-}
 
 std::string Home(const std::string& host) {
   auto p = std::filesystem::temp_directory_path() /

@@ -23,21 +23,13 @@ using testing::CliHome;
 using testing::Daemon;
 using testing::RunTrnflow;
 using testing::TestDatabase;
+using testing::Query;
+using testing::QueryNumber;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
 [[maybe_unused]] auto* const kDatabase =
     ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_fw_recovery"));
-
-std::string Query(const std::string& sql) {
-  schema::Catalog c(TestDatabase::owner_url());
-  return c.QueryValue(sql);
-}
-
-double QueryNumber(const std::string& sql) {
-  std::string v = Query(sql);
-  return v.empty() ? -1 : std::stod(v);
-}
 
 int64_t SubmitFile(const std::string& path, double speed) {
   auto r = RunTrnflow("submit " + path + " --speed " + std::to_string(speed) + " --format json");

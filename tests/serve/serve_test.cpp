@@ -36,16 +36,12 @@ namespace fs = std::filesystem;
 using testing::Daemon;
 using testing::RunTrnflow;
 using testing::TestDatabase;
+using testing::Query;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
 [[maybe_unused]] auto* const kDatabase =
     ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_serve"));
-
-std::string Query(const std::string& sql) {
-  schema::Catalog c(TestDatabase::owner_url());
-  return c.QueryValue(sql);
-}
 
 struct Shell {
   int code = -1;

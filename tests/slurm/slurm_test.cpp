@@ -27,6 +27,8 @@ using testing::CliHome;
 using testing::Daemon;
 using testing::RunTrnflow;
 using testing::TestDatabase;
+using testing::Query;
+using testing::QueryNumber;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
@@ -73,15 +75,6 @@ class SlurmCluster : public ::testing::Environment {
 [[maybe_unused]] auto* const kDatabase =
     ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_slurm"));
 [[maybe_unused]] auto* const kCluster = ::testing::AddGlobalTestEnvironment(new SlurmCluster);
-
-std::string Query(const std::string& sql) {
-  schema::Catalog c(TestDatabase::owner_url());
-  return c.QueryValue(sql);
-}
-double QueryNumber(const std::string& sql) {
-  std::string v = Query(sql);
-  return v.empty() ? -1 : std::stod(v);
-}
 
 int64_t Submit(const std::string& yaml, const std::string& name) {
   auto r = RunTrnflow("submit " + WriteTempFile(name + ".yaml", yaml) + " --speed 1 --format json");
