@@ -396,9 +396,10 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         return infra("cannot hand " + dir.string() + " to uid " + std::to_string(ctx.identity.uid));
     }
 
+    const std::string name = SlurmJobName(ctx.run_id, ctx.stage_id, ctx.attempt);
     std::vector<std::string> sbatch = {
         "sbatch",      "--parsable",
-        "--no-requeue", "--job-name=" + SlurmJobName(ctx.run_id, ctx.stage_id, ctx.attempt),
+        "--no-requeue", "--job-name=" + name,
         "--nodes=" + std::to_string(ctx.instance_count),
         "--output=" + (dir / "slurm.out").string(), "--chdir=" + dir.string(),
         "--export=NONE", "--signal=B:USR1@120"};
@@ -421,6 +422,17 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
       }
       std::string err = s.err;
       while (!err.empty() && err.back() == '\n') err.pop_back();
+      if (slurm::TransientSubmitError(err) || s.code < 0) {
+        // A lost reply may hide a job Slurm did take: look for it by name before submitting
+        // again, so the attempt never has two jobs.
+        ToolResult q = RunTool({"squeue", "-h", "-t", "all", "--name=" + name, "-o", "%i"});
+        if (q.code == 0 && !q.out.empty()) {
+          job_id = q.out.substr(0, q.out.find('\n'));
+          log->warn("sbatch failed ({}) but Slurm has job {} for this attempt: taking it", err,
+                    job_id);
+          break;
+        }
+      }
       if (slurm::TransientSubmitError(err) && tries < opt_.submit_tries &&
           ctx.stop_reason() == StopReason::kNone) {
         log->warn("sbatch failed ({}), try {} of {}: again in {}", err, tries, opt_.submit_tries,

@@ -221,6 +221,29 @@ TEST(Slurm, TheClimateExampleRunsOnTheClusterWithItsOneHostFigures) {
   EXPECT_NE(AttemptCol(run, "train", 1, "executor_job"), AttemptCol(run, "train", 2, "executor_job"));
 }
 
+// sbatch's reply is lost ("Socket timed out") after Slurm took the job: the attempt finds the
+// job by name instead of submitting a second one. The real sbatch, behind a wrapper that
+// loses its answer.
+TEST(Slurm, ALostSubmitReplyDoesNotSubmitTwice) {
+  fs::path bin = fs::temp_directory_path() / ("trnflow-lossy-sbatch-" + std::to_string(getpid()));
+  fs::create_directories(bin);
+  std::ofstream(bin / "sbatch")
+      << "#!/bin/sh\n/usr/bin/sbatch \"$@\" > /dev/null\n"
+         "echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv "
+         "operation' >&2\nexit 1\n";
+  fs::permissions(bin / "sbatch", fs::perms::owner_all);
+  auto r = RunTrnflow("run " + WriteTempFile("lossy.yaml", OneStage("slurm-lossy", "echo once")) +
+                          " --speed 1 --executor slurm --format json",
+                      "PATH=" + bin.string() + ":$PATH");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "succeeded");
+  EXPECT_EQ(JobsOfStage(run, "work"), 1) << "the lost reply made a second job";
+  EXPECT_NE(r.err.find("but Slurm has job"), std::string::npos) << "the reply was not lost?\n"
+                                                                 << r.err;
+  fs::remove_all(bin);
+}
+
 TEST(Slurm, AFailingCommandFailsWithItsCodeAndLastLine) {
   auto r = RunTrnflow("run " +
                       WriteTempFile("fail.yaml", OneStage("slurm-fail",
