@@ -117,7 +117,15 @@ up() {
 
 down() {
   export SLURM_CONF="$conf"
-  local f pids=()
+  local f p pids=()
+  # Jobs first, while the controller can still end them (it has 3 s).
+  if alive "$dir/slurmctld.pid"; then
+    timeout 5 scancel --full --quiet $(timeout 5 squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+    for _ in $(seq 1 30); do
+      [[ -z $(timeout 5 squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+      sleep 0.1
+    done
+  fi
   for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     if alive "$f"; then pids+=("$(cat "$f")"); fi
   done
@@ -127,6 +135,11 @@ down() {
     sleep 0.1
   done
   ((${#pids[@]})) && kill -9 "${pids[@]}" 2>/dev/null || true
+  # Job steps outlive their slurmd by design (a slurmd restart keeps jobs running); this
+  # cluster's, found by the files they hold in $dir, go with it.
+  for p in $(pgrep -x slurmstepd || true); do
+    if ls -l "/proc/$p/fd" 2>/dev/null | grep -qF "$dir/"; then kill -9 "$p" 2>/dev/null || true; fi
+  done
   echo "slurm stopped (state in $dir)"
 }
 
