@@ -15,6 +15,17 @@ std::string CliHome() {
          ("trnflow-cli-home-" + std::to_string(getpid()));
 }
 
+CliResult RunShell(const std::string& command) {
+  CliResult r;
+  FILE* p = popen(command.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 CliResult RunTrnflow(const std::string& args, const std::string& env) {
   static int n = 0;
   auto tmp = std::filesystem::temp_directory_path();
@@ -23,13 +34,7 @@ CliResult RunTrnflow(const std::string& args, const std::string& env) {
   std::string home = CliHome();
   std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && TRNFLOW_HOME='" + home + "' " + env + " '" +
                     TRNFLOW_BINARY "' " + args + " 2>'" + err_file + "'";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CliResult r = RunShell(cmd);
   std::ifstream in(err_file);
   r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   std::filesystem::remove(err_file);

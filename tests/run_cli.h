@@ -17,6 +17,9 @@ std::string CliHome();
 // `env` is prepended to the command line: "VAR=value VAR2=value" or a wrapper like "timeout 60".
 CliResult RunTrnflow(const std::string& args, const std::string& env = "");
 
+// Runs `command` under /bin/sh and returns its stdout (add 2>&1 to keep stderr) and exit code.
+CliResult RunShell(const std::string& command);
+
 // Writes `text` to a fresh file in the temp directory and returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& text);
 

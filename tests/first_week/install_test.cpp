@@ -14,24 +14,17 @@
 #include <sstream>
 #include <string>
 
+#include "tests/run_cli.h"
+
 namespace trnflow {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Shell {
-  int exit_code;
-  std::string out;
-};
+using testing::RunShell;
 
-Shell Sh(const std::string& command) {
-  std::string out;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+// `command` with its stderr in its output.
+testing::CliResult Sh(const std::string& command) { return RunShell(command + " 2>&1"); }
 
 std::string Slurp(const fs::path& p) {
   std::ifstream in(p);
@@ -86,7 +79,7 @@ std::string PasswdLine(const fs::path& root, const std::string& user) {
 TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
   ASSERT_EQ(geteuid(), 0u) << "ops/install.sh creates a system user: the suite runs as root";
   fs::path root = FreshRoot("default");
-  Shell r = Sh(Install(root));
+  testing::CliResult r = Sh(Install(root));
   ASSERT_EQ(r.exit_code, 0) << r.out;
 
   fs::path units = root / "etc/systemd/system";
@@ -140,7 +133,7 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
 
 TEST(Install, UnitsFollowThePrefixTheBinaryWentTo) {
   fs::path root = FreshRoot("prefix");
-  Shell r = Sh(Install(root, "--prefix /srv/tools/trnflow"));
+  testing::CliResult r = Sh(Install(root, "--prefix /srv/tools/trnflow"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_TRUE(fs::exists(root / "srv/tools/trnflow/bin/trnflow")) << r.out;
   auto keys = UnitKeys(root / "etc/systemd/system/trnflow-scheduler.service");
@@ -150,7 +143,7 @@ TEST(Install, UnitsFollowThePrefixTheBinaryWentTo) {
 
 TEST(Install, RefusesWithoutABuild) {
   fs::path root = FreshRoot("nobuild");
-  Shell r = Sh("DESTDIR=" + root.string() + " " + TRNFLOW_SOURCE_DIR +
+  testing::CliResult r = Sh("DESTDIR=" + root.string() + " " + TRNFLOW_SOURCE_DIR +
                "/ops/install.sh --build /nonexistent-build");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("ops/setup.sh"), std::string::npos) << r.out;

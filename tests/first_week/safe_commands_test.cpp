@@ -20,6 +20,8 @@ namespace trnflow {
 namespace {
 
 using testing::CliResult;
+using testing::CliHome;
+using testing::RunShell;
 using testing::RunTrnflow;
 
 const auto* const kDatabase =
@@ -29,18 +31,8 @@ const auto* const kDatabase =
 // TRNFLOW_HOME as RunTrnflow, so both see one artifact store. Output is the terminal's, both
 // streams together.
 CliResult OnTerminal(const std::string& args, const std::string& input) {
-  std::string home =
-      std::filesystem::temp_directory_path() / ("trnflow-cli-home-" + std::to_string(getpid()));
-  std::string cmd = "cd '" TRNFLOW_SOURCE_DIR "' && printf '" + input + "' | TRNFLOW_HOME='" +
-                    home + "' script -qec \"'" TRNFLOW_BINARY "' " + args + "\" /dev/null";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return RunShell("cd '" TRNFLOW_SOURCE_DIR "' && printf '" + input + "' | TRNFLOW_HOME='" +
+                  CliHome() + "' script -qec \"'" TRNFLOW_BINARY "' " + args + "\" /dev/null");
 }
 
 nlohmann::json Json(const std::string& args) {

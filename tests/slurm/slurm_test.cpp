@@ -32,15 +32,12 @@ using testing::QueryNumber;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
+// `command`'s output with its stderr, without the last newline.
 std::string Sh(const std::string& command, int* status = nullptr) {
-  std::string out;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  int s = ::pclose(p);
-  if (status) *status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
+  auto r = testing::RunShell(command + " 2>&1");
+  if (status) *status = r.exit_code;
+  while (!r.out.empty() && r.out.back() == '\n') r.out.pop_back();
+  return r.out;
 }
 
 // The cluster, up for the whole program: ops/slurm.sh in a fresh directory with ports of its
