@@ -33,6 +33,7 @@
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "workers/executor.h"
+#include "workers/pause.h"
 
 namespace bp = boost::process;
 
@@ -287,8 +288,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
       ctx.report_progress(p);
     }
     // Wake at the cap itself, however fast the run's clock goes.
-    std::this_thread::sleep_for(std::chrono::duration<double>(
-        std::clamp((ctx.spend_cap_s - sim_now) / ctx.speed, 0.0, 0.01)));
+    PauseFor(std::clamp((ctx.spend_cap_s - sim_now) / ctx.speed, 0.0, 0.01));
   }
   child.wait(ec);
   // Whatever the job left running goes with it; then the output pipe closes for the reader.

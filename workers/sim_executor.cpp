@@ -13,6 +13,7 @@
 #include "sim/feasibility.h"
 #include "sim/perf_model.h"
 #include "workers/executor.h"
+#include "workers/pause.h"
 
 namespace trnflow::workers {
 namespace {
@@ -124,7 +125,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     }
     report_progress(elapsed);
     double wall_left = (end - elapsed) / ctx.speed;
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wall_left, 0.02)));
+    PauseFor(std::min(wall_left, 0.02));
     elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * ctx.speed;
   }

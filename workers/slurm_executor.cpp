@@ -33,6 +33,7 @@
 #include "common/duration.h"
 #include "common/log.h"
 #include "workers/executor.h"
+#include "workers/pause.h"
 #include "workers/slurm.h"
 
 extern char** environ;
@@ -123,8 +124,7 @@ ToolResult RunTool(const std::vector<std::string>& argv, double timeout_s = 30) 
 void SleepUnlessStopped(const ExecContext& ctx, double seconds) {
   auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(seconds));
-  while (Clock::now() < until && ctx.stop_reason() == StopReason::kNone)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (Clock::now() < until && ctx.stop_reason() == StopReason::kNone) PauseFor(0.05);
 }
 
 std::string ShellQuote(const std::string& s) {
@@ -270,11 +270,17 @@ struct SlurmExecutor::Monitor {
   }
   // Waits for the next answer after now; the job's state (nullopt: gone) and whether Slurm
   // answered.
+  // Polls rather than waits on `cv`: the caller's task is suspended between looks.
   std::pair<std::optional<slurm::JobState>, bool> Next(const std::string& id) {
     std::unique_lock lock(mu);
     uint64_t seen = tick;
-    cv.wait_for(lock, std::chrono::duration<double>(poll_s * 4 + 30),
-                [&] { return tick > seen || stopping; });
+    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(poll_s * 4 + 30));
+    while (tick == seen && !stopping && Clock::now() < until) {
+      lock.unlock();
+      PauseFor(0.05);
+      lock.lock();
+    }
     std::optional<slurm::JobState> j;
     if (auto it = last.find(id); it != last.end()) j = it->second;
     return {j, reachable && tick > seen};

@@ -27,6 +27,7 @@
 #include "sim/perf_model.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
+#include "workers/pause.h"
 #include "workers/stage_cache.h"
 
 namespace trnflow::workers {
@@ -437,7 +438,10 @@ struct Worker::Impl {
     }
     log->debug("claimed stage={} attempt={} pool={}", run->claim.stage_id, run->claim.attempt,
                pool.config.name);
-    pool.arena->enqueue([this, &pool, run] { Execute(pool, run); });
+    pool.arena->enqueue([this, &pool, run] {
+      SuspendableScope waits_suspend;  // a stage's waits free this thread (workers/pause.h)
+      Execute(pool, run);
+    });
   }
 
   // The task boundary: nothing escapes; every end becomes an outcome.
@@ -647,7 +651,7 @@ struct Worker::Impl {
                   w.key.substr(0, 12), a->builder_stage);
         announced_wait = true;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      PauseFor(0.05);
     }
   }
 
@@ -810,20 +814,24 @@ Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>()) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   impl_->name = std::string(host) + ":" + std::to_string(getpid());
+  // Stages mostly wait, and their waits suspend their tasks (workers/pause.h): an arena as wide
+  // as the cores runs a pool of any capacity (the capacity bounds what is claimed, not
+  // threads). Two at least: a stage blocked briefly in a call (the catalog, sbatch, a copy
+  // into the cache) leaves the other slot free. None reserved for the calling thread.
+  int cores = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
   int total = 0;
   for (const auto& p : impl_->opt.pools) {
     auto pool = std::make_unique<Pool>();
     pool->config = p;
-    // Stages mostly wait (simulated time, child processes): one arena slot per instance of
-    // capacity, none reserved for the calling thread.
-    pool->arena = std::make_unique<tbb::task_arena>(std::max(1, p.capacity), 0);
-    total += std::max(1, p.capacity);
+    int width = std::min(std::max(1, p.capacity), cores);
+    pool->arena = std::make_unique<tbb::task_arena>(width, 0);
+    total += width;
     impl_->pools.push_back(std::move(pool));
   }
   // The most restrictive global_control in the process wins, so every Worker asks for at
-  // least the same generous ceiling; the arenas' own limits bound the threads really used.
+  // least the same ceiling; the arenas' own limits bound the threads really used.
   impl_->parallelism = std::make_unique<tbb::global_control>(
-      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(std::max(total + 2, 256)));
+      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(std::max(total + 2, 64)));
 }
 
 Worker::~Worker() { Stop(); }
