@@ -41,7 +41,9 @@ claimed AS (
   SET state = 'running', attempts = s.attempts + 1, lease_owner = $3::uuid,
       lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now(),
       live_progress = NULL, live_sim_seconds = NULL, live_eta_s = NULL
-  FROM chosen WHERE s.id = chosen.id
+  -- By id through the primary key: a join to `chosen` was planned as a hash join over a
+  -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
+  WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
   RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
             s.progress, s.errors, s.preemptions, s.spec, s.project),
 opened AS (
