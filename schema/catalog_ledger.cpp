@@ -1,0 +1,175 @@
+// What stages cost: spend reports (from the spend rollup, or the ledger for per-run ones), the
+// spend of running stages, project and run budgets and their notices, and rebuilding the
+// rollup. SQL: queries/runs.sql; Spend builds its statement from fixed fields.
+#include <map>
+#include <pqxx/pqxx>
+
+#include "common/error.h"
+#include "schema/catalog.h"
+#include "schema/catalog_impl.h"
+
+namespace trnflow::schema {
+
+namespace {
+// --by fields and the SQL expression each reads; nothing a user types reaches SQL text.
+const std::map<std::string, std::string>& SpendFields() {
+  static const std::map<std::string, std::string> fields = {
+      {"project", "project"}, {"pipeline", "pipeline"}, {"run", "run"},
+      {"stage", "stage"},     {"kind", "kind"},         {"instance", "instance_type"},
+      {"market", "market"},   {"day", "day::text"},     {"month", "to_char(day, 'YYYY-MM')"}};
+  return fields;
+}
+}  // namespace
+
+std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
+  std::vector<std::string> keys;
+  bool per_run = false;
+  for (const auto& b : q.by) {
+    auto it = SpendFields().find(b);
+    if (it == SpendFields().end())
+      throw UserError("--by " + b +
+                      ": unknown field; use any of project, pipeline, run, stage, "
+                      "kind, instance, market, day, month");
+    keys.push_back(it->second);
+    per_run = per_run || b == "run";
+  }
+  // The rollup answers everything but per-run questions, which need the ledger itself.
+  std::string source =
+      per_run
+          ? "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
+            "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
+            "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
+            "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
+            "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
+            "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
+            "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x"
+          : "trnflow.spend_rollup";
+  std::string select, group;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    select += keys[i] + ", ";
+    group += (i ? ", " : "") + std::to_string(i + 1);
+  }
+  std::string sql = "SELECT " + select +
+                    "sum(attempts), sum(billed_seconds) / 3600.0, sum(cost_usd)::text, "
+                    "sum(wasted_usd)::text, sum(saved_usd)::text FROM " +
+                    source +
+                    " WHERE ($1 = '' OR project = $1) AND ($2 = '' OR pipeline = $2)"
+                    " AND ($3 = '' OR day >= $3::date) AND ($4 = '' OR day <= $4::date)" +
+                    (group.empty() ? "" : " GROUP BY " + group) +
+                    " ORDER BY sum(cost_usd) DESC NULLS LAST" + (group.empty() ? "" : ", " + group);
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<SpendRow> out;
+    pqxx::result r;
+    try {
+      r = tx.exec_params(sql, q.project, q.pipeline, q.since, q.until);
+    } catch (const pqxx::data_exception& e) {
+      throw UserError("--since/--until take dates like 2026-11-01");
+    }
+    for (const auto& row : r) {
+      const auto k = static_cast<pqxx::row::size_type>(keys.size());
+      if (row[k].is_null()) continue;  // no rows at all
+      SpendRow s;
+      for (pqxx::row::size_type i = 0; i < k; ++i) s.keys.push_back(row[i].as<std::string>());
+      s.attempts = row[k].as<int64_t>();
+      s.billed_hours = row[k + 1].as<double>();
+      s.cost = MoneyOf(row[k + 2]);
+      s.wasted = MoneyOf(row[k + 3]);
+      s.saved = MoneyOf(row[k + 4]);
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+}
+
+std::pair<int64_t, Money> Catalog::RunningSpend(const std::string& project,
+                                                const std::string& pipeline) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto row = impl_->Exec(tx, "RunningSpend", project, pipeline)[0];
+    return std::make_pair(row[0].as<int64_t>(), MoneyOf(row[1]));
+  });
+}
+
+bool Catalog::RemoveBudget(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    bool removed = !impl_->Exec(tx, "RemoveBudget", project).empty();
+    tx.commit();
+    return removed;
+  });
+}
+
+void Catalog::SetBudget(const std::string& project, Money amount, const std::string& period) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "EnsureProject", project);
+    impl_->Exec(tx, "UpsertBudget", project, amount.ToDecimal(), period);
+    tx.commit();
+  });
+}
+
+std::vector<BudgetRow> Catalog::ProjectBudgets(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<BudgetRow> out;
+    for (const auto& row : impl_->Exec(tx, "ProjectBudgets", project)) {
+      BudgetRow b;
+      b.project = row[0].as<std::string>();
+      b.amount = MoneyOf(row[1]);
+      b.period = row[2].as<std::string>();
+      b.notified_percent = row[4].as<bool>() ? row[3].as<int>() : 0;
+      b.spent = MoneyOf(row[5]);
+      out.push_back(std::move(b));
+    }
+    return out;
+  });
+}
+
+void Catalog::RecordBudgetNotice(const std::string& project, int percent) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordBudgetNotice", project, percent);
+    tx.commit();
+  });
+}
+
+std::vector<RunBudgetRow> Catalog::RunBudgets() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<RunBudgetRow> out;
+    for (const auto& row : impl_->Exec(tx, "RunBudgets"))
+      out.push_back({row[0].as<int64_t>(), row[1].as<std::string>(), MoneyOf(row[2]),
+                     row[3].as<int>(), MoneyOf(row[4])});
+    return out;
+  });
+}
+
+void Catalog::RecordRunBudgetNotice(int64_t run_id, int percent) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RecordRunBudgetNotice", run_id, percent);
+    tx.commit();
+  });
+}
+
+std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<int64_t> out;
+    for (const auto& row : impl_->Exec(tx, "RunningRunsOfProject", project))
+      out.push_back(row[0].as<int64_t>());
+    return out;
+  });
+}
+
+void Catalog::RebuildSpendRollup() {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "ClearSpendRollup");
+    impl_->Exec(tx, "FillSpendRollup");
+    tx.commit();
+  });
+}
+
+}  // namespace trnflow::schema

@@ -1,0 +1,91 @@
+// Watching stages from the dashboard: acting as a member (row-level security), which projects
+// a member sees or may write, the feed of stage state changes, and metrics. SQL:
+// queries/serve.sql.
+#include <pqxx/pqxx>
+
+#include "schema/catalog.h"
+#include "schema/catalog_impl.h"
+
+namespace trnflow::schema {
+
+void Catalog::ActAs(const std::string& role) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "ActAs", role.empty() ? std::string("none") : role);
+    tx.commit();
+  });
+}
+
+std::vector<std::string> Catalog::MemberProjects(const std::string& role) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "MemberProjects", role))
+      out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
+bool Catalog::MayWrite(const std::string& role, const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "MayWrite", role, project);
+    return !r.empty() && !r[0][0].is_null() && r[0][0].as<bool>();
+  });
+}
+
+std::vector<std::string> Catalog::VisibleProjects() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "VisibleProjects")) out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
+std::vector<ChangeRow> Catalog::ChangesSince(int64_t after_id, int limit) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<ChangeRow> out;
+    for (const auto& row : impl_->Exec(tx, "ChangesSince", after_id, limit)) {
+      ChangeRow c;
+      c.id = row[0].as<int64_t>();
+      c.at = row[1].as<std::string>();
+      c.project = row[2].as<std::string>();
+      c.run_id = row[3].as<int64_t>();
+      c.stage = row[4].as<std::string>();
+      c.state = row[5].as<std::string>();
+      out.push_back(std::move(c));
+    }
+    return out;
+  });
+}
+
+int64_t Catalog::LatestChangeId() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    return impl_->Exec(tx, "LatestChangeId")[0][0].as<int64_t>();
+  });
+}
+
+int64_t Catalog::PruneChanges(double max_age_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "PruneChanges", max_age_s);
+    tx.commit();
+    return static_cast<int64_t>(r.affected_rows());
+  });
+}
+
+std::vector<MetricRow> Catalog::Metrics() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<MetricRow> out;
+    for (const auto& row : impl_->Exec(tx, "Metrics"))
+      out.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
+                     row[2].is_null() ? 0.0 : row[2].as<double>()});
+    return out;
+  });
+}
+
+}  // namespace trnflow::schema

@@ -1,0 +1,80 @@
+// The workers a stage can run on: registering, heartbeating (with HeartbeatLeases) and stopping
+// workers, listing the live ones, and explaining what a stage waits for. SQL:
+// queries/workers.sql.
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include "schema/catalog.h"
+#include "schema/catalog_impl.h"
+
+namespace trnflow::schema {
+
+void Catalog::RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
+                             const std::string& pools_json, int64_t only_run,
+                             const std::string& home) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home);
+    tx.commit();
+  });
+}
+
+std::vector<LiveWorker> Catalog::LiveWorkers(double max_age_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<LiveWorker> out;
+    for (const auto& row : impl_->Exec(tx, "LiveWorkers", max_age_s)) {
+      LiveWorker w;
+      w.id = row[0].as<std::string>();
+      w.host = row[1].as<std::string>();
+      w.pid = row[2].as<int>();
+      auto pools = nlohmann::json::parse(row[3].as<std::string>());
+      for (auto it = pools.begin(); it != pools.end(); ++it) w.pools[it.key()] = it->get<int>();
+      w.only_run = row[4].as<int64_t>();
+      w.heartbeat_age_s = row[5].as<double>();
+      auto in_use = nlohmann::json::parse(row[6].as<std::string>());
+      for (auto it = in_use.begin(); it != in_use.end(); ++it)
+        w.in_use[it.key()] = static_cast<int>(it->get<double>());
+      out.push_back(std::move(w));
+    }
+    return out;
+  });
+}
+
+std::optional<StageWait> Catalog::ExplainStage(int64_t run_id, const std::string& stage) {
+  return impl_->Guard([&]() -> std::optional<StageWait> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "ExplainStage", run_id, stage);
+    if (r.empty()) return std::nullopt;
+    const auto& row = r[0];
+    StageWait w;
+    w.stage_id = row[0].as<int64_t>();
+    w.state = row[1].as<std::string>();
+    w.pool = row[2].as<std::string>();
+    w.instance_count = row[3].as<int>();
+    w.attempts = row[4].as<int>();
+    w.priority = row[5].as<int>();
+    w.run_state = row[6].as<std::string>();
+    w.project = row[7].as<std::string>();
+    w.ready_in_s = row[8].as<double>();
+    for (const auto& item : SplitComma(row[9].as<std::string>())) {
+      auto colon = item.rfind(':');
+      w.waiting_for.push_back({item.substr(0, colon), item.substr(colon + 1)});
+    }
+    w.queued_ahead = row[10].as<int64_t>();
+    w.last_outcome = row[11].as<std::string>();
+    w.last_message = row[12].as<std::string>();
+    w.running_on = row[13].as<std::string>();
+    return w;
+  });
+}
+
+void Catalog::StopWorker(const std::string& worker_id) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    impl_->Exec(tx, "StopWorker", worker_id);
+    tx.commit();
+  });
+}
+
+}  // namespace trnflow::schema
