@@ -71,7 +71,7 @@ int Catalog::BinarySchemaVersion() {
   return latest;
 }
 
-MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
+MigrateReport Catalog::Migrate(const sim::Catalog& hw, int up_to) {
   return impl_->Guard([&] {
     MigrateReport report;
     pqxx::connection& c = impl_->C();
@@ -108,7 +108,7 @@ MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
                                std::to_string(BinarySchemaVersion()) +
                                "); refusing to touch it. Upgrade trnflow.");
     for (const auto& m : Migrations()) {
-      if (m.version <= report.from_version) continue;
+      if (m.version <= report.from_version || (up_to > 0 && m.version > up_to)) continue;
       pqxx::work tx(c);
       tx.exec(m.sql);
       tx.exec_params("INSERT INTO trnflow.schema_migrations (version, name) VALUES ($1, $2)",
@@ -116,7 +116,8 @@ MigrateReport Catalog::Migrate(const sim::Catalog& hw) {
       tx.commit();
       report.applied.push_back(m.name);
     }
-    report.to_version = std::max(report.from_version, BinarySchemaVersion());
+    int target = up_to > 0 ? std::min(up_to, BinarySchemaVersion()) : BinarySchemaVersion();
+    report.to_version = std::max(report.from_version, target);
     // The hardware catalog ships with the binary; prices get a new row only when they change.
     pqxx::work tx(c);
     for (const auto& t : hw.instances()) {

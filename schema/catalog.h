@@ -362,8 +362,9 @@ class Catalog {
   // Applies pending migrations under an EXCLUSIVE lock on trnflow.migration_lock (safe to run
   // concurrently; schema owner only), then loads the hardware catalog's instance types and
   // prices (a changed price adds a row). Throws CatalogUnavailable if the catalog is newer than
-  // this binary, PermissionDenied for a login that is not the owner.
-  MigrateReport Migrate(const sim::Catalog& hardware);
+  // this binary, PermissionDenied for a login that is not the owner. `up_to` > 0: stop after
+  // that version (tests that migrate an older catalog forward).
+  MigrateReport Migrate(const sim::Catalog& hardware, int up_to = 0);
   // Throws CatalogUnavailable saying what to run when the schema is not this binary's.
   void RequireCurrentSchema();
 
@@ -403,6 +404,22 @@ class Catalog {
   // skips what is downstream of stages that failed, and finishes runs, in one transaction.
   // Returns the results that were applied (a stale result is silently dropped).
   std::vector<LeaseKey> CompleteAttempts(const std::vector<AttemptResult>& results);
+  // CompleteAttempts, then, in the same transaction, ClaimReadyStages for each pool of
+  // `claims` with the free instances it names: a worker that closes a stage takes the
+  // dependents it just released (and whatever else is ready) without another round trip, so a
+  // chain's next link starts at once. Claims come back in the order of `claims`.
+  struct ClaimRequest {
+    std::string pool;
+    int free_instances = 0;
+  };
+  struct Committed {
+    std::vector<LeaseKey> applied;
+    std::vector<std::vector<ClaimedStage>> claimed;  // one list per request
+  };
+  Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
+                             const std::vector<ClaimRequest>& claims,
+                             const std::string& worker_id, const std::string& worker_name,
+                             double lease_s, int64_t only_run = 0);
 
   // --- scheduler --------------------------------------------------------------------------
   // Takes or confirms leadership: an EXCLUSIVE lock on trnflow.leader_lock, held by an open

@@ -122,6 +122,38 @@ void Catalog::RequireStageRunner(const std::string& what) {
   });
 }
 
+namespace {
+
+// ClaimReadyStages's rows, in its SELECT's order.
+std::vector<ClaimedStage> ReadClaims(const pqxx::result& r) {
+  std::vector<ClaimedStage> out;
+  for (const auto& row : r) {
+    ClaimedStage c;
+    c.stage_id = row[0].as<int64_t>();
+    c.run_id = row[1].as<int64_t>();
+    c.attempt = row[2].as<int>();
+    c.instance_count = row[3].as<int>();
+    c.market = ParseMarket(row[4].as<std::string>()).value_or(Market::kOnDemand);
+    c.progress = row[5].as<double>();
+    c.errors = row[6].as<int>();
+    c.preemptions = row[7].as<int>();
+    c.spec = StageSpecFromJson(row[8].as<std::string>());
+    c.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
+    c.speed = row[10].as<double>();
+    c.seed = row[11].as<int64_t>();
+    c.spot_rate_multiplier = row[12].as<double>();
+    c.workdir = row[13].as<std::string>();
+    c.retry_failed_compilation = row[14].as<bool>();
+    c.project = row[15].as<std::string>();
+    c.budgeted = row[16].as<bool>();
+    c.job_uid = row[17].as<int64_t>();
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
                                                     const std::string& worker_id,
                                                     const std::string& worker_name, double lease_s,
@@ -131,29 +163,27 @@ std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int
     pqxx::result r = impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id,
                                  worker_name, lease_s, only_run);
     tx.commit();
-    std::vector<ClaimedStage> out;
-    for (const auto& row : r) {
-      ClaimedStage c;
-      c.stage_id = row[0].as<int64_t>();
-      c.run_id = row[1].as<int64_t>();
-      c.attempt = row[2].as<int>();
-      c.instance_count = row[3].as<int>();
-      c.market = ParseMarket(row[4].as<std::string>()).value_or(Market::kOnDemand);
-      c.progress = row[5].as<double>();
-      c.errors = row[6].as<int>();
-      c.preemptions = row[7].as<int>();
-      c.spec = StageSpecFromJson(row[8].as<std::string>());
-      c.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
-      c.speed = row[10].as<double>();
-      c.seed = row[11].as<int64_t>();
-      c.spot_rate_multiplier = row[12].as<double>();
-      c.workdir = row[13].as<std::string>();
-      c.retry_failed_compilation = row[14].as<bool>();
-      c.project = row[15].as<std::string>();
-      c.budgeted = row[16].as<bool>();
-      c.job_uid = row[17].as<int64_t>();
-      out.push_back(std::move(c));
-    }
+    return ReadClaims(r);
+  });
+}
+
+Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& results,
+                                             const std::vector<ClaimRequest>& claims,
+                                             const std::string& worker_id,
+                                             const std::string& worker_name, double lease_s,
+                                             int64_t only_run) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    Committed out;
+    if (!results.empty()) out.applied = impl_->Complete(tx, results);
+    // Own writes are visible to the next statement: the stages just released are ready here.
+    for (const auto& c : claims)
+      out.claimed.push_back(c.free_instances <= 0
+                                ? std::vector<ClaimedStage>{}
+                                : ReadClaims(impl_->Exec(tx, "ClaimReadyStages", c.pool,
+                                                         c.free_instances, worker_id,
+                                                         worker_name, lease_s, only_run)));
+    tx.commit();
     return out;
   });
 }

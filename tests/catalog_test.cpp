@@ -812,6 +812,116 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
             "0");
 }
 
+// A catalog that holds history made under the previous schema migrates forward and reads back
+// the same: runs, stages, every attempt with its bill, and the spend report, to the cent. The
+// history is made by this binary's engine on a catalog migrated only to the previous version
+// (the newest migration must leave what the engine writes readable by the engine; one that
+// does not must fill the old catalog with SQL of the old shape here instead).
+TEST(Catalog, MigratesForwardWithItsHistory) {
+  const int previous = schema::Catalog::BinarySchemaVersion() - 1;
+  const std::string name = TestDatabase::database_name() + "_fwd";
+  const std::string owner = schema::CreateDatabase(testing::AdminUrl(), name);
+  struct Drop {
+    std::string name;
+    ~Drop() {
+      schema::DropDatabase(testing::AdminUrl(), name);
+      schema::DropCatalogRoles(testing::AdminUrl(), name);
+    }
+  } drop{name};
+  {
+    schema::Catalog o(owner);
+    auto report = o.Migrate(sim::Catalog::Builtin(), previous);
+    ASSERT_EQ(report.to_version, previous);
+    EXPECT_THROW(o.RequireCurrentSchema(), CatalogUnavailable);
+  }
+  const std::string daemon = schema::EnableDaemonLogin(owner);
+  schema::Catalog c(daemon);
+  auto run_to_end = [&](const std::string& yaml) {
+    int64_t run = c.SubmitRun(MustParse(yaml), Fast());
+    auto sched_opts = SchedOpts();
+    sched_opts.database_url = daemon;
+    auto worker_opts = WorkerOpts({{"cpu", 4}, {"trn1", 4}});
+    worker_opts.database_url = daemon;
+    scheduler::Scheduler sched(sched_opts);
+    workers::Worker worker(worker_opts);
+    sched.Start();
+    worker.Start();
+    EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
+    return run;
+  };
+  // Successes, a retried failure, a failure that skips its dependents, a fan-out.
+  const std::string yaml =
+      "pipeline: history\nproject: lab\nstages:\n"
+      "  root:\n    run: [\"true\"]\n"
+      "  flaky:\n    run: [\"bash\", \"-c\", \"[ \\\"$TRNFLOW_ATTEMPT\\\" = 2 ] || exit 75\"]\n"
+      "    needs: [root]\n    retry: {max_attempts: 3, backoff: {initial: 1s}}\n"
+      "  work:\n    kind: compile\n    needs: [root]\n    target: inf2\n"
+      "    instance: trn1.2xlarge\n    model: bert-large\n    cache: false\n"
+      "    matrix: {i: [1, 2, 3]}\n"
+      "  bad:\n    run: [\"false\"]\n    needs: [work]\n"
+      "  after:\n    run: [\"true\"]\n    needs: [bad]\n";
+  int64_t old_run = run_to_end(yaml);
+  auto before_run = c.GetRun(old_run);
+  auto before_stages = c.GetStages(old_run);
+  auto before_attempts = c.GetAttempts(old_run);
+  schema::SpendQuery by_stage{"lab", "", "", "", {"stage"}};
+  auto before_spend = c.Spend(by_stage);
+  ASSERT_TRUE(before_run);
+  EXPECT_EQ(before_run->state, "failed");
+  ASSERT_EQ(before_attempts.size(), 7u);  // root, flaky x2, work x3, bad; after skipped
+
+  {
+    schema::Catalog o(owner);
+    auto report = o.Migrate(sim::Catalog::Builtin());
+    EXPECT_EQ(report.from_version, previous);
+    EXPECT_EQ(report.to_version, schema::Catalog::BinarySchemaVersion());
+    o.RequireCurrentSchema();
+  }
+  c.Reconnect();
+  auto after_run = c.GetRun(old_run);
+  ASSERT_TRUE(after_run);
+  EXPECT_EQ(after_run->state, before_run->state);
+  auto after_stages = c.GetStages(old_run);
+  ASSERT_EQ(after_stages.size(), before_stages.size());
+  for (size_t i = 0; i < before_stages.size(); ++i) {
+    EXPECT_EQ(after_stages[i].name, before_stages[i].name);
+    EXPECT_EQ(after_stages[i].state, before_stages[i].state) << before_stages[i].name;
+  }
+  auto after_attempts = c.GetAttempts(old_run);
+  ASSERT_EQ(after_attempts.size(), before_attempts.size());
+  for (size_t i = 0; i < before_attempts.size(); ++i) {
+    const auto &a = before_attempts[i], &b = after_attempts[i];
+    EXPECT_EQ(b.stage_id, a.stage_id);
+    EXPECT_EQ(b.attempt, a.attempt);
+    EXPECT_EQ(b.outcome, a.outcome);
+    EXPECT_EQ(b.started_at, a.started_at);
+    EXPECT_EQ(b.billed_seconds, a.billed_seconds);
+    EXPECT_EQ(b.cost.micros(), a.cost.micros());
+    EXPECT_EQ(b.wasted.micros(), a.wasted.micros());
+    EXPECT_EQ(b.price_per_hour.micros(), a.price_per_hour.micros());
+  }
+  auto after_spend = c.Spend(by_stage);
+  ASSERT_EQ(after_spend.size(), before_spend.size());
+  for (size_t i = 0; i < before_spend.size(); ++i) {
+    EXPECT_EQ(after_spend[i].keys, before_spend[i].keys);
+    EXPECT_EQ(after_spend[i].cost.micros(), before_spend[i].cost.micros());
+  }
+
+  // The migrated catalog goes on: a new run adds to the same ledger and report.
+  int64_t new_run = run_to_end(
+      "pipeline: after-upgrade\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
+      "  b:\n    run: [\"true\"]\n    needs: [a]\n");
+  EXPECT_EQ(RunState(c, new_run), "succeeded");
+  Money total_before, total_after;
+  for (const auto& r : before_spend) total_before += r.cost;
+  for (const auto& r : c.Spend(schema::SpendQuery{"lab", "", "", "", {"project"}}))
+    total_after += r.cost;
+  Money new_cost;
+  for (const auto& a : c.GetAttempts(new_run)) new_cost += a.cost;
+  EXPECT_GT(new_cost.micros(), 0);
+  EXPECT_EQ(total_after.micros(), total_before.micros() + new_cost.micros());
+}
+
 }  // namespace trnflow
 
 int main(int argc, char** argv) {

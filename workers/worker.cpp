@@ -125,9 +125,24 @@ struct Running {
 
 struct Pool {
   PoolConfig config;
-  std::atomic<int> used{0};
+  std::atomic<int> used{0};  // instances held by running stages and by claims in flight
   std::unique_ptr<tbb::task_arena> arena;
+
+  // Takes every free instance for a claim about to be made (the claim loop and the committer
+  // both claim); the caller gives back what the claim did not use.
+  int ReserveFree() {
+    int now = used.load();
+    while (now < config.capacity && !used.compare_exchange_weak(now, config.capacity)) {
+    }
+    return std::max(0, config.capacity - now);
+  }
 };
+
+int Instances(const std::vector<schema::ClaimedStage>& claimed) {
+  int n = 0;
+  for (const auto& c : claimed) n += c.instance_count;
+  return n;
+}
 
 }  // namespace
 
@@ -225,20 +240,18 @@ struct Worker::Impl {
           continue;
         }
         last_claim[i] = Steady::now();
+        int reserved = pool->ReserveFree();
+        if (reserved <= 0) continue;
         std::vector<schema::ClaimedStage> claimed;
         if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
-              claimed =
-                  c.ClaimReadyStages(pool->config.name, free, id, name, opt.lease_s, opt.only_run);
-            }))
+              claimed = c.ClaimReadyStages(pool->config.name, reserved, id, name, opt.lease_s,
+                                           opt.only_run);
+            })) {
+          pool->used -= reserved;
           return;
-        ReserveBudgets(cat, claimed);
-        for (auto& c : claimed) {
-          if (c.budget_wait) {
-            HandBack(c, "waiting: other running attempts hold what is left of the budget");
-            continue;
-          }
-          Launch(*pool, std::move(c));
         }
+        pool->used -= reserved - Instances(claimed);
+        Start(cat, *pool, claimed);
         if (!claimed.empty() && pool->used.load() < pool->config.capacity) more = true;
       }
       if (more) continue;
@@ -250,6 +263,23 @@ struct Worker::Impl {
                           [&] { return wake_claim || !claiming; });
       }
       wake_claim = false;
+    }
+  }
+
+  // Runs what a claim took (its instances already counted in the pool's `used`): budgeted
+  // stages get their spend caps first; one that must wait for its budget is handed back.
+  void Start(std::unique_ptr<schema::Catalog>& cat, Pool& pool,
+             std::vector<schema::ClaimedStage>& claimed) {
+    ReserveBudgets(cat, claimed);
+    for (auto& c : claimed) {
+      if (c.budget_wait || !claiming) {
+        pool.used -= c.instance_count;
+        HandBack(c, c.budget_wait
+                        ? "waiting: other running attempts hold what is left of the budget"
+                        : "handed back: the worker is stopping");
+        continue;
+      }
+      Launch(pool, std::move(c));
     }
   }
 
@@ -413,16 +443,35 @@ struct Worker::Impl {
           results.pop_front();
         }
       }
-      // A retry after a lost reply is harmless: writes are fenced on the lease.
+      // The same transaction claims what is ready for the pools' free instances, the stages
+      // this batch releases among them: a chain's next link starts without another round trip.
+      std::vector<schema::Catalog::ClaimRequest> requests;
+      std::vector<std::pair<Pool*, int>> reserved;
+      if (claiming)
+        for (auto& p : pools)
+          if (int n = p->ReserveFree(); n > 0) {
+            requests.push_back({p->config.name, n});
+            reserved.push_back({p.get(), n});
+          }
+      // A retry after a lost reply is harmless: writes are fenced on the lease (a claim whose
+      // reply was lost expires and is rescued, as any claim's).
+      schema::Catalog::Committed done;
       WithCatalog(
           cat, "commit",
           [&](schema::Catalog& c) {
-            auto applied = c.CompleteAttempts(batch);
-            if (applied.size() < batch.size())
+            done = c.CompleteAndClaim(batch, requests, id, name, opt.lease_s, opt.only_run);
+            if (done.applied.size() < batch.size())
               log->warn("{} of {} results were stale (lease taken over) and were dropped",
-                        batch.size() - applied.size(), batch.size());
+                        batch.size() - done.applied.size(), batch.size());
           },
           /*give_up_on_stop=*/false);
+      for (size_t i = 0; i < reserved.size(); ++i) {
+        auto& [pool, n] = reserved[i];
+        std::vector<schema::ClaimedStage> claimed;
+        if (i < done.claimed.size()) claimed = std::move(done.claimed[i]);
+        pool->used -= n - Instances(claimed);
+        if (!claimed.empty()) Start(cat, *pool, claimed);
+      }
     }
   }
 
@@ -430,7 +479,6 @@ struct Worker::Impl {
     auto run = std::make_shared<Running>();
     run->claim = std::move(claim);
     run->claimed_at = std::chrono::steady_clock::now();
-    pool.used += run->claim.instance_count;
     ++tasks;
     {
       std::scoped_lock lock(mu);
