@@ -438,6 +438,16 @@ struct Worker::Impl {
         std::unique_lock lock(mu);
         commit_cv.wait(lock, [&] { return !results.empty() || (stopping && tasks == 0); });
         if (results.empty()) return;
+        // Short stages launched together end together: while others still run, wait until
+        // results stop coming (0.3 ms without a new one, 2 ms at most) so a burst goes in one
+        // transaction rather than one each.
+        auto deadline = Steady::now() + std::chrono::milliseconds(2);
+        for (size_t seen = results.size();
+             tasks > 0 && static_cast<int>(seen) < opt.commit_batch && Steady::now() < deadline;
+             seen = results.size()) {
+          auto until = std::min(deadline, Steady::now() + std::chrono::microseconds(300));
+          if (!commit_cv.wait_until(lock, until, [&] { return results.size() != seen; })) break;
+        }
         while (!results.empty() && static_cast<int>(batch.size()) < opt.commit_batch) {
           batch.push_back(std::move(results.front()));
           results.pop_front();
@@ -573,26 +583,26 @@ struct Worker::Impl {
       er.message = "executor failed";
     }
     auto why = static_cast<StopReason>(run->stop.load());
+    std::optional<schema::AttemptResult> result;
     if (why == StopReason::kLeaseLost) {
       log->warn("stage={} attempt={} discarded: its lease was taken over", c.stage_id, c.attempt);
     } else {
-      schema::AttemptResult r = ToResult(c, er, why);
-      {
-        std::scoped_lock lock(run->metrics_mu);
-        if (run->metrics_dirty) r.metrics_json = run->metrics;
-      }
-      std::scoped_lock lock(mu);
-      results.push_back(std::move(r));
+      result = ToResult(c, er, why);
+      std::scoped_lock lock(run->metrics_mu);
+      if (run->metrics_dirty) result->metrics_json = run->metrics;
     }
+    // The instance is free before the result is seen: the committer claims for it.
+    pool.used -= c.instance_count;
     {
       std::scoped_lock lock(mu);
       running.erase(c.stage_id);
+      if (result) results.push_back(std::move(*result));
+      --tasks;
     }
-    pool.used -= c.instance_count;
-    --tasks;
     commit_cv.notify_one();
     idle_cv.notify_all();
-    WakeClaim();
+    // A result's commit claims for the freed instance; without one, the claim loop does.
+    if (!result) WakeClaim();
   }
 
   // Runs a stage outside the cache. A run: stage that declared its outputs gets their digest,
