@@ -90,8 +90,8 @@ rep=1
 log "spend reports over 1M and $report_big attempt rows"
 measure "$build/bench/report_bench" 1000000 20 --json
 measure "$build/bench/report_bench" "$report_big" 5 --json
-log "claim latency with 1M finished stages in history"
-measure "$build/bench/claim_bench" 1000000 20000 64 --json
+log "claim latency with $report_big finished stages in history"
+measure "$build/bench/claim_bench" "$report_big" 20000 64 --json
 
 python3 bench/report.py "$raw" "bench/results/$date.md" bench/results/latest.json
 log "wrote bench/results/$date.md and bench/results/latest.json"
