@@ -300,6 +300,9 @@ class Dashboard {
     Api(svr, "/api/cache", "cache");
     Api(svr, "/api/schedules", "schedules");
     Api(svr, "/api/workers", "workers");
+    Api(svr, R"(/api/runs/(\d+)/log)", "log");
+    Api(svr, "/api/budgets", "budgets");
+    Api(svr, "/api/savings", "savings");
     svr.Get("/api/me", [this](const httplib::Request& req, httplib::Response& res) {
       Guarded(res, [&] {
         Who who = Identify(req);
@@ -313,10 +316,18 @@ class Dashboard {
         res.set_content(j.dump() + "\n", "application/json");
       });
     });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    // Prometheus. Without a user (--auth local, or --auth proxy with no user header: the
+    // monitoring system) it counts everything the daemons' login sees; a request the proxy
+    // names a user in is computed as that user, so row-level security limits what it counts.
+    svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       Guarded(res, [&] {
-        auto c = pool_.Take();
+        Who who;
+        if (o_.auth == Auth::kProxy && !req.get_header_value(o_.user_header.c_str()).empty())
+          who = Identify(req);
+        auto c = ConnectionFor(who);
         auto rows = (*c)->Metrics();
+        if (o_.metrics)
+          for (auto& r : o_.metrics(**c)) rows.push_back(std::move(r));
         rows.push_back({"trnflow_serve_event_clients", "{}", static_cast<double>(hub_.clients())});
         res.set_content(FormatMetrics(rows), "text/plain; version=0.0.4; charset=utf-8");
       });
