@@ -581,7 +581,7 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   for (auto it = std::sregex_iterator(dom.begin(), dom.end(), wait_bar); it != std::sregex_iterator();
        ++it)
     drawn[(*it)[1].str() + "#" + (*it)[2].str()] = std::stod((*it)[3]);
-  EXPECT_EQ(drawn.size(), waited.size()) << dom.substr(0, 3000);
+  EXPECT_EQ(drawn.size(), waited.size()) << dom.substr(dom.find("id=\"timeline\""), 3000);
   for (const auto& w : waited) {
     auto it = drawn.find(w[0] + "#" + w[1]);
     ASSERT_NE(it, drawn.end()) << w[0] << " attempt " << w[1];
