@@ -537,6 +537,51 @@ async function pageSpend(main) {
   for (const k of ['project', 'pipeline', 'since', 'until']) if (q.get(k)) base.set(k, q.get(k));
   main.replaceChildren(el('h1', {}, 'Spend'),
     el('p', { class: 'muted' }, 'Closed attempts from the ledger, the figures of `trnflow spend`; running attempts join when they end.'));
+
+  // Budgets: what each period has spent (running attempts included, as `trnflow budget ls`),
+  // the running part of it, and where the month is heading (docs/serve.md: the forecast).
+  const budgets = await api('/api/budgets');
+  if (budgets.length > 0) {
+    const bid = key => r => `budget-${r.project}-${key}`;
+    main.append(el('h2', {}, 'Budgets'),
+      el('p', { class: 'muted' }, 'Forecast: the period\'s end at its rate so far; the range is one standard deviation of daily spend over the days left.'),
+      sortableTable('budgets', [
+        { key: 'project', label: 'Project' }, { key: 'period', label: 'Period' },
+        { key: 'budget_usd', label: 'Budget', num: true, fmt: dollars, id: bid('budget_usd') },
+        { key: 'spent_usd', label: 'Spent', num: true, fmt: dollars, id: bid('spent_usd') },
+        { key: 'committed_usd', label: 'of which running', num: true, fmt: dollars, id: bid('committed_usd') },
+        { key: 'remaining_usd', label: 'Left', num: true, fmt: dollars, id: bid('remaining_usd') },
+        { key: 'used', label: 'Used', num: true, sort: r => r.spent_usd / r.budget_usd,
+          fmt: (v, r) => Math.round(100 * r.spent_usd / r.budget_usd) + '%' },
+        { key: 'forecast_usd', label: 'Forecast', num: true, id: bid('forecast_usd'),
+          fmt: (v, r) => el('span', { class: r.forecast_usd > r.budget_usd ? 'budget-over' : null }, dollars(v)) },
+        { key: 'forecast_low_usd', label: 'Range', num: true, id: bid('forecast_range'),
+          fmt: (v, r) => `${dollars(r.forecast_low_usd)} to ${dollars(r.forecast_high_usd)}` },
+      ], budgets));
+  }
+
+  // Savings: what spot, the cache and Neuron saved (`trnflow spend --savings`).
+  const savings = await api('/api/savings?' + base);
+  if (savings.length > 0) {
+    const keys = ['spot_cost_usd', 'spot_on_demand_usd', 'spot_saved_usd', 'cache_saved_usd', 'cost_usd', 'gpu_baseline_usd', 'gpu_saved_usd'];
+    const total = { project: 'total', cache_hits: 0 };
+    for (const k of keys) total[k] = 0;
+    for (const r of savings) { for (const k of keys) total[k] += micros(r[k]); total.cache_hits += r.cache_hits; }
+    for (const k of keys) total[k] = dollarsMicros(total[k]);
+    main.append(el('h2', {}, 'Savings'),
+      el('p', { class: 'muted' }, 'Spot: the on-demand price of the same billed time, less what spot cost. Cache: what the stages it served would have cost. Neuron: the same work on p4d.24xlarge GPUs, less what it cost.'),
+      sortableTable('savings', [
+        { key: 'project', label: 'Project' },
+        { key: 'spot_cost_usd', label: 'Spot cost', num: true, fmt: dollars },
+        { key: 'spot_on_demand_usd', label: 'Same on-demand', num: true, fmt: dollars },
+        { key: 'spot_saved_usd', label: 'Spot saved', num: true, fmt: dollars },
+        { key: 'cache_hits', label: 'Cache hits', num: true },
+        { key: 'cache_saved_usd', label: 'Cache saved', num: true, fmt: dollars },
+        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+        { key: 'gpu_baseline_usd', label: 'On GPUs (p4d)', num: true, fmt: dollars },
+        { key: 'gpu_saved_usd', label: 'Neuron saved', num: true, fmt: dollars },
+      ], savings, total));
+  }
   const groups = [['project', 'By project'], ['pipeline', 'By pipeline'], ['instance', 'By instance'],
     ['month', 'By month'], ['day', 'By day']];
   for (const [by, title] of groups) {
