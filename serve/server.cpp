@@ -397,8 +397,16 @@ class Dashboard {
             double wait = std::min(o_.heartbeat_s, std::chrono::duration<double>(ends - now).count());
             auto batch = hub_.Wait(*state, wait);
             if (hub_.stopped()) return false;
-            if (batch.gap) add(FromCatalog(*state));
-            add(batch.changes);
+            if (batch.gap) {
+              // Behind what the hub holds: the catalog gives what follows, a page per call. A
+              // full page may leave more between it and the hub's oldest change; the hub's
+              // batch waits for the next call then, so nothing in between is skipped.
+              auto rows = FromCatalog(*state);
+              add(rows);
+              if (rows.size() < kCatchUpPage) add(batch.changes);
+            } else {
+              add(batch.changes);
+            }
             // Changes of projects it may not see move its resume point past them too.
             if (*state != before && written != *state) out += "id: " + std::to_string(*state) + "\n\n";
             if (out.empty()) out = ": heartbeat\n\n";
@@ -409,9 +417,10 @@ class Dashboard {
   }
 
   // Changes after `after` from the catalog itself (a resume, or a stream that fell behind).
+  static constexpr size_t kCatchUpPage = 10000;
   std::vector<schema::ChangeRow> FromCatalog(int64_t after) {
     auto c = pool_.Take();
-    return (*c)->ChangesSince(after, 10000);
+    return (*c)->ChangesSince(after, static_cast<int>(kCatchUpPage));
   }
 
   // The token a write must carry (X-CSRF-Token): bound to the user and to this process, read

@@ -832,6 +832,49 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
   EXPECT_TRUE(clients(0)) << "closed streams give their place back";
 }
 
+// A stream that resumes from far behind (more than the hub keeps and more than one page of
+// the catalog) gets every change in order, none skipped between the catalog's pages and the
+// hub's newest changes.
+TEST_F(Serve, AStreamFarBehindCatchesUpWithoutLosingChanges) {
+  // The proxy dashboard's streams last 300 s: one opened now follows the hub alone (no resume
+  // from the catalog), so when it has seen the last change, the hub holds it too.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  std::atomic<int64_t> last{0};
+  Sse live;
+  std::thread follower([&] {
+    live = ReadEvents(
+        proxy_port_, alice,
+        [&](const Sse& x) { return last > 0 && !x.ids.empty() && x.ids.back() >= last; }, 120);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(proxy_port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      30));
+  Query("INSERT INTO trnflow.changes (project, run_id, stage, state) SELECT 'other-lab', " +
+        std::to_string(other_run_) + ", 'x' || g, 'running' FROM generate_series(1, 30000) g");
+  Query("SELECT pg_notify('trnflow_changes', (SELECT max(id) FROM trnflow.changes)::text)");
+  last = std::stoll(Query("SELECT max(id) FROM trnflow.changes"));
+  follower.join();
+  ASSERT_FALSE(live.ids.empty());
+  ASSERT_EQ(live.ids.back(), last.load()) << "the hub has read them all";
+  // Now from the very beginning: three pages from the catalog and then the hub's newest.
+  int64_t total = std::stoll(Query("SELECT count(*) FROM trnflow.changes WHERE project = 'other-lab'"));
+  ASSERT_GT(total, 30000);
+  httplib::Headers from_start = alice;
+  from_start.emplace("Last-Event-ID", "0");
+  Sse all = ReadEvents(proxy_port_, from_start,
+                       [&](const Sse& x) { return !x.ids.empty() && x.ids.back() >= last; }, 120);
+  ASSERT_EQ(all.status, 200);
+  ASSERT_FALSE(all.ids.empty());
+  EXPECT_EQ(all.ids.back(), last.load());
+  EXPECT_TRUE(std::is_sorted(all.ids.begin(), all.ids.end()));
+  std::set<int64_t> distinct(all.ids.begin(), all.ids.end());
+  EXPECT_EQ(static_cast<int64_t>(distinct.size()), total) << "every change of hers, once";
+  EXPECT_EQ(static_cast<int64_t>(all.ids.size()), total);
+}
+
 TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
   httplib::Headers alice = {{"X-Forwarded-User", alice_}};
   auto runs = Json(Get(proxy_port_, "/api/runs", alice).body);
