@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -115,8 +116,9 @@ int main(int argc, char** argv) {
   }
   Latencies page, api;
   std::atomic<int64_t> events{0};
+  std::vector<int64_t> per_stream;  // change events each stream received
   std::atomic<int> open_streams{0}, refused{0};
-  double run_s = 0;
+  double run_s = 0, drain_s = 0;
   int64_t run = 0, changes = 0;
   {
     // Workers fork first, idle and listening, before this process has threads.
@@ -143,8 +145,9 @@ int main(int argc, char** argv) {
     // STREAMS event streams, each counting the changes it receives, until told to stop.
     std::atomic<bool> stop{false};
     std::vector<std::thread> readers;
+    per_stream.assign(streams, 0);
     for (int i = 0; i < streams; ++i)
-      readers.emplace_back([&] {
+      readers.emplace_back([&, i] {
         std::string last;
         while (!stop) {
           httplib::Client c("127.0.0.1", port);
@@ -161,14 +164,21 @@ int main(int argc, char** argv) {
                 return res.status == 200;
               },
               [&](const char* data, size_t n) {
+                // Blocks end with a blank line; a chunk may hold thousands of them (read in
+                // one pass, the rest kept for the next chunk).
                 buffer.append(data, n);
-                size_t end;
-                while ((end = buffer.find("\n\n")) != std::string::npos) {
-                  std::string block = buffer.substr(0, end);
-                  buffer.erase(0, end + 2);
-                  if (block.find("event: change") != std::string::npos) ++events;
-                  if (block.rfind("id: ", 0) == 0) last = block.substr(4, block.find('\n') - 4);
+                size_t from = 0, end;
+                int64_t seen = 0;
+                while ((end = buffer.find("\n\n", from)) != std::string::npos) {
+                  std::string_view block(buffer.data() + from, end - from);
+                  if (block.find("event: change") != std::string_view::npos) ++seen;
+                  if (block.rfind("id: ", 0) == 0)
+                    last = std::string(block.substr(4, block.find('\n') - 4));
+                  from = end + 2;
                 }
+                buffer.erase(0, from);
+                events += seen;
+                per_stream[i] += seen;
                 return !stop.load();
               });
           (void)r;
@@ -176,7 +186,7 @@ int main(int argc, char** argv) {
           if (!stop) usleep(200000);
         }
       });
-    for (int i = 0; i < 100 && open_streams < streams; ++i) usleep(50000);
+    for (int i = 0; i < 600 && open_streams < streams; ++i) usleep(50000);
     std::fprintf(stderr, "serve_bench: %d event streams open, %d refused\n", open_streams.load(),
                  refused.load());
 
@@ -217,9 +227,11 @@ int main(int argc, char** argv) {
     }
     run_s = std::stod(c.QueryValue("SELECT extract(epoch FROM finished_at) FROM trnflow.runs "
                                    "WHERE id = " + id)) - start;
-    // Let the streams take in the last changes, then close them.
+    // Let the streams take in the last changes (at most a minute), then close them.
     changes = std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.changes"));
-    for (int i = 0; i < 200 && events < changes * streams; ++i) usleep(50000);
+    auto drain_start = Clock::now();
+    for (int i = 0; i < 1200 && events < changes * streams; ++i) usleep(50000);
+    drain_s = Ms(Clock::now() - drain_start) / 1000;
     stop = true;
     kill(serve, SIGTERM);  // ends the streams; the readers see their connections close
     for (auto& t : readers) t.join();
@@ -240,11 +252,18 @@ int main(int argc, char** argv) {
                "(%lld changes x %d streams = %lld)\n",
                api.bytes, static_cast<long long>(events.load()), static_cast<long long>(changes),
                streams, static_cast<long long>(changes * streams));
+  int64_t fewest = per_stream.empty() ? 0 : *std::min_element(per_stream.begin(), per_stream.end());
+  int64_t most = per_stream.empty() ? 0 : *std::max_element(per_stream.begin(), per_stream.end());
+  std::fprintf(stderr, "per stream: %lld to %lld of %lld changes; %s %.1f s after the run finished\n",
+               static_cast<long long>(fewest), static_cast<long long>(most),
+               static_cast<long long>(changes),
+               events == changes * streams ? "all delivered" : "stopped waiting", drain_s);
   std::printf("{\"system\":\"trnflow\",\"workload\":\"serve\",\"stages\":%d,\"streams\":%d,"
               "\"run_s\":%.3f,%s,%s,\"api_bytes\":%zu,\"events\":%lld,\"changes\":%lld,"
+              "\"drain_s\":%.2f,\"per_stream_min\":%lld,\"per_stream_max\":%lld,"
               "\"refused\":%d}\n",
               stages, streams, run_s, Json("page", page).c_str(), Json("api", api).c_str(),
               api.bytes, static_cast<long long>(events.load()), static_cast<long long>(changes),
-              refused.load());
+              drain_s, static_cast<long long>(fewest), static_cast<long long>(most), refused.load());
   return 0;
 }
