@@ -44,8 +44,6 @@ int64_t NumberParam(const serve::ApiRequest& r, const std::string& name, int64_t
 
 constexpr int64_t kLogChunk = 256 * 1024;  // bytes of a log one request returns at most
 
-}  // namespace
-
 // GET /api/runs/ID/log?stage=NAME&attempt=N&offset=BYTES: a piece of a run: stage attempt's
 // log (TRNFLOW_HOME/logs/run-ID/STAGE.attempt-N.log) from `offset`, to tail it. `catalog`
 // acts as the person: the run, the stage and the attempt are looked up through it first, so
@@ -151,6 +149,8 @@ std::vector<schema::MetricRow> ExtraMetrics(schema::Catalog& catalog) {
   }
   return out;
 }
+
+}  // namespace
 
 nlohmann::ordered_json WorkersJson(schema::Catalog& catalog) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();

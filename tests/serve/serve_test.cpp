@@ -86,7 +86,8 @@ std::string ReadFile(const std::string& path) {
 int StartServe(std::unique_ptr<Daemon>& d, const std::string& name,
                std::vector<std::string> args) {
   args.insert(args.begin(), {"serve", "--listen", "127.0.0.1:0"});
-  d = std::make_unique<Daemon>(name, args);
+  d = std::make_unique<Daemon>(name, args,
+                               std::vector<std::string>{"TRNFLOW_HOME=" + testing::CliHome()});
   d->Start();
   int port = 0;
   std::regex re(R"(listening on http://127\.0\.0\.1:(\d+)/)");
@@ -302,8 +303,11 @@ class Serve : public ::testing::Test {
     other_run_ = RunIdFrom(r.out);
     auto sched = RunTrnflow("schedule add nightly examples/climate/pipeline.yaml --cron '0 2 * * *'");
     ASSERT_EQ(sched.exit_code, 0) << sched.err;
-    worker_ = std::make_unique<Daemon>("serve-worker", std::vector<std::string>{
-                                                           "worker", "--pool", "cpu=2"});
+    // Its TRNFLOW_HOME is this test's (the CLI's), not the machine's: logs of run 1 of another
+    // test's database must not be found under this run 1.
+    worker_ = std::make_unique<Daemon>(
+        "serve-worker", std::vector<std::string>{"worker", "--pool", "cpu=2"},
+        std::vector<std::string>{"TRNFLOW_HOME=" + testing::CliHome()});
     worker_->Start();
     ASSERT_TRUE(WaitFor([] { return CliJson("workers --format json").size() == 1; }, 30));
     // Event streams of the local dashboard end every 2 s and resume (as browsers do), so headless
