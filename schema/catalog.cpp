@@ -1598,6 +1598,14 @@ std::vector<SavingsRow> Catalog::Savings(const SpendQuery& q) {
   });
 }
 
+Catalog::Horizon Catalog::TransactionHorizon() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto row = impl_->Exec(tx, "TransactionHorizon")[0];
+    return Horizon{row[0].as<int64_t>(), row[1].as<int64_t>()};
+  });
+}
+
 std::map<std::pair<int64_t, int>, std::string> Catalog::AttemptQueuedAt(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

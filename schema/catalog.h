@@ -597,6 +597,12 @@ class Catalog {
   std::vector<SavingsRow> Savings(const SpendQuery& q);
   // When each attempt of a run became ready: (stage id, attempt) -> UTC time, "" unknown.
   std::map<std::pair<int64_t, int>, std::string> AttemptQueuedAt(int64_t run_id);
+  // The server's transaction horizon now (pg_current_snapshot()): every transaction older than
+  // `xmin` has ended; every transaction that has started is older than `xmax`.
+  struct Horizon {
+    int64_t xmin = 0, xmax = 0;
+  };
+  Horizon TransactionHorizon();
 
  private:
   struct Impl;

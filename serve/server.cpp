@@ -401,9 +401,9 @@ class Dashboard {
               // Behind what the hub holds: the catalog gives what follows, a page per call. A
               // full page may leave more between it and the hub's oldest change; the hub's
               // batch waits for the next call then, so nothing in between is skipped.
-              auto rows = FromCatalog(*state);
-              add(rows);
-              if (rows.size() < kCatchUpPage) add(batch.changes);
+              bool full = false;
+              add(FromCatalog(*state, &full));
+              if (!full) add(batch.changes);
             } else {
               add(batch.changes);
             }
@@ -418,9 +418,15 @@ class Dashboard {
 
   // Changes after `after` from the catalog itself (a resume, or a stream that fell behind).
   static constexpr size_t kCatchUpPage = 10000;
-  std::vector<schema::ChangeRow> FromCatalog(int64_t after) {
+  // Never past what the hub has settled: a later id may be followed by an earlier one still
+  // to commit (event_hub.h), which a stream that went past it would never get.
+  std::vector<schema::ChangeRow> FromCatalog(int64_t after, bool* full = nullptr) {
+    int64_t settled = hub_.Latest();
     auto c = pool_.Take();
-    return (*c)->ChangesSince(after, static_cast<int>(kCatchUpPage));
+    auto rows = (*c)->ChangesSince(after, static_cast<int>(kCatchUpPage));
+    if (full) *full = rows.size() == kCatchUpPage;
+    while (!rows.empty() && rows.back().id > settled) rows.pop_back();
+    return rows;
   }
 
   // The token a write must carry (X-CSRF-Token): bound to the user and to this process, read

@@ -287,3 +287,9 @@ SELECT a.stage_id, a.attempt,
        coalesce(to_char(a.queued_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
 FROM trnflow.attempts a
 WHERE a.run_id = $1;
+
+-- name: TransactionHorizon
+-- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest
+-- transaction still running, and the first transaction id not yet given out.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint;

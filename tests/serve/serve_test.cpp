@@ -879,6 +879,67 @@ TEST_F(Serve, AStreamFarBehindCatchesUpWithoutLosingChanges) {
   EXPECT_EQ(static_cast<int64_t>(all.ids.size()), total);
 }
 
+// Change ids are handed out in the order statements run, not the order transactions commit.
+// A change whose transaction commits after one with a higher id still reaches a live stream,
+// in id order; an id burned by a rolled-back transaction does not hold the stream up.
+TEST_F(Serve, ChangesReachAStreamInCommitOrderNoneLost) {
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  auto id_of = [](const std::string& stage) {
+    std::string v = Query("SELECT id FROM trnflow.changes WHERE stage = '" + stage + "'");
+    return v.empty() ? int64_t{0} : std::stoll(v);
+  };
+  auto insert = [&](const std::string& stage) {
+    return "INSERT INTO trnflow.changes (project, run_id, stage, state) VALUES ('other-lab', " +
+           std::to_string(other_run_) + ", '" + stage + "', 'running'); ";
+  };
+  std::atomic<int64_t> want_last{0};
+  Sse live;
+  // The proxy dashboard's streams last 300 s: this one follows the hub, never the catalog.
+  std::thread follower([&] {
+    live = ReadEvents(
+        proxy_port_, alice,
+        [&](const Sse& x) {
+          return want_last > 0 && std::find(x.ids.begin(), x.ids.end(), want_last.load()) != x.ids.end();
+        },
+        60);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(proxy_port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      30));
+  auto sequence = [] { return std::stoll(Query("SELECT last_value FROM trnflow.changes_id_seq")); };
+  // A transaction takes an id and holds it (open for 4 s); another takes the next and commits.
+  int64_t before = sequence();
+  std::thread slow([&] {
+    Sh("psql '" + TestDatabase::owner_url() + "' -q -v ON_ERROR_STOP=1 -c \"BEGIN; " +
+       insert("slow") + "SELECT pg_sleep(4); COMMIT;\" > /dev/null");
+  });
+  ASSERT_TRUE(WaitFor([&] { return sequence() > before; }, 30));
+  Query(insert("fast") + "SELECT pg_notify('trnflow_changes', '0')");
+  slow.join();
+  int64_t slow_id = id_of("slow"), fast_id = id_of("fast");
+  ASSERT_GT(slow_id, 0);
+  ASSERT_EQ(fast_id, slow_id + 1) << "the slow one took its id first, committed last";
+  // And an id taken by a transaction that rolls back, then one more change after it.
+  before = sequence();
+  Sh("psql '" + TestDatabase::owner_url() + "' -q -c \"BEGIN; " + insert("burned") +
+     "ROLLBACK;\" > /dev/null");
+  ASSERT_GT(sequence(), before);
+  Query(insert("after") + "SELECT pg_notify('trnflow_changes', '0')");
+  want_last = id_of("after");
+  follower.join();
+  ASSERT_EQ(live.status, 200);
+  auto at = [&](int64_t id) { return std::find(live.ids.begin(), live.ids.end(), id) - live.ids.begin(); };
+  ASSERT_LT(static_cast<size_t>(at(slow_id)), live.ids.size()) << "the change committed late arrived";
+  ASSERT_LT(static_cast<size_t>(at(fast_id)), live.ids.size());
+  EXPECT_LT(at(slow_id), at(fast_id)) << "in id order";
+  EXPECT_LT(static_cast<size_t>(at(want_last.load())), live.ids.size())
+      << "the rolled-back id did not hold the stream up";
+  EXPECT_TRUE(std::is_sorted(live.ids.begin(), live.ids.end()));
+}
+
 TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
   httplib::Headers alice = {{"X-Forwarded-User", alice_}};
   auto runs = Json(Get(proxy_port_, "/api/runs", alice).body);
