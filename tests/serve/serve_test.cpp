@@ -378,7 +378,7 @@ TEST_F(Serve, TheApiAnswersWhatTheCliPrints) {
 
 TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   Http m = Get(port_, "/metrics");
-  ASSERT_EQ(m.status, 200);
+  ASSERT_EQ(m.status, 200) << m.body << ReadFile(serve_->log_path());
   std::string file = WriteTempFile("metrics.txt", m.body);
   Shell check = Sh("promtool check metrics < " + file);
   EXPECT_EQ(check.code, 0) << check.out << "\n" << m.body;
@@ -416,7 +416,8 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
       "sum(greatest(0, extract(epoch FROM a.finished_at - a.started_at))) "
       "FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id "
       "WHERE a.outcome IS NOT NULL GROUP BY 1, 2");
-  ASSERT_GE(by_pool_outcome.size(), 3u) << "several pools and outcomes (an interruption too)";
+  ASSERT_GE(by_pool_outcome.size(), 3u) << "several pools and outcomes (an interruption too)\n"
+                                         << Query("SELECT string_agg(outcome, ',') FROM trnflow.attempts");
   for (const auto& row : by_pool_outcome) {
     std::string labels = "outcome=\"" + row[1] + "\",pool=\"" + row[0] + "\"";
     double count = sample("trnflow_attempt_duration_seconds_count{" + labels + "}");
@@ -453,9 +454,10 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   // it (2:00 two days ago, at least) is more than a day overdue.
   Query("UPDATE trnflow.schedules SET last_slot = now() - interval '3 days' WHERE name = 'nightly'");
   // A budget: its forecast, band and what running attempts have committed.
-  ASSERT_EQ(RunTrnflow("budget set climate-lab 5000").exit_code, 0);
+  auto set = RunTrnflow("budget set climate-lab 5000");
+  ASSERT_EQ(set.exit_code, 0) << set.out << set.err;
   Http later = Get(port_, "/metrics");
-  ASSERT_EQ(later.status, 200);
+  ASSERT_EQ(later.status, 200) << later.body << ReadFile(serve_->log_path());
   std::string later_file = WriteTempFile("metrics-later.txt", later.body);
   Shell later_check = Sh("promtool check metrics < " + later_file);
   EXPECT_EQ(later_check.code, 0) << later_check.out << "\n" << later.body;
@@ -468,7 +470,7 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   };
   EXPECT_GT(later_sample(R"(trnflow_schedule_lag_seconds{schedule="nightly"})"), 86400);
   auto budget = CliJson("budget ls --format json");
-  ASSERT_EQ(budget.size(), 1u);
+  ASSERT_EQ(budget.size(), 1u) << budget.dump();
   const std::string bl = R"({period="month",project="climate-lab"})";
   double forecast = later_sample("trnflow_budget_forecast_usd" + bl);
   EXPECT_GT(forecast, 0);
