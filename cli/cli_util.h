@@ -76,6 +76,7 @@ struct ServeArgs {
 
 struct SpendArgs {
   std::string project, pipeline, since, until, by, format = "table";
+  bool savings = false;  // --savings: what spot, the cache and Neuron saved, by project
 };
 
 // Parses key=value pairs; throws UserError naming the bad one.

@@ -143,6 +143,7 @@ nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
   auto stages = catalog.GetStages(run.id);
   auto attempts = catalog.GetAttempts(run.id);
   auto metrics = catalog.LatestStageMetrics(run.id);
+  auto queued = catalog.AttemptQueuedAt(run.id);
   nlohmann::json js = nlohmann::json::array();
   for (const auto& s : stages) {
     if (!StageMatches(s.name, stage_filter)) continue;
@@ -156,6 +157,7 @@ nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
                     {"instance_count", a.instance_count},
                     {"market", OrNull(a.market)},
                     {"price_usd_hour", Usd(a.price_per_hour)},
+                    {"queued_at", OrNull(queued[{a.stage_id, a.attempt}])},
                     {"started_at", OrNull(a.started_at)},
                     {"finished_at", OrNull(a.finished_at)},
                     {"sim_hours", a.sim_seconds / 3600},

@@ -1,11 +1,15 @@
 // trnflow serve / workers: the dashboard (serve/), wired to the JSON the data commands print,
 // and the workers' list it shows.
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "cli/commands.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "scheduler/cron.h"
 #include "serve/server.h"
 
 namespace trnflow::cli {
@@ -19,6 +23,132 @@ std::string Param(const serve::ApiRequest& r, const std::string& name) {
 // A worker whose heartbeat is older than this is shown as stale (leases are 15 s by default
 // and renewed three times a lease).
 constexpr double kStaleAfterS = 60;
+
+// A whole number from the query string within [lo, hi], `fallback` when absent; UserError else.
+int64_t NumberParam(const serve::ApiRequest& r, const std::string& name, int64_t fallback,
+                    int64_t lo, int64_t hi) {
+  std::string text = Param(r, name);
+  if (text.empty()) return fallback;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text[0] == '+' || v < lo || v > hi)
+    throw UserError(name + " " + text + ": a whole number from " + std::to_string(lo) + " to " +
+                    std::to_string(hi));
+  return v;
+}
+
+constexpr int64_t kLogChunk = 256 * 1024;  // bytes of a log one request returns at most
+
+// GET /api/runs/ID/log?stage=NAME&attempt=N&offset=BYTES: a piece of a run: stage attempt's
+// log (TRNFLOW_HOME/logs/run-ID/STAGE.attempt-N.log) from `offset`, to tail it. `catalog`
+// acts as the person: the run, the stage and the attempt are looked up through it first, so
+// row-level security decides (nullopt, 404, for what they may not see), and the file's path
+// is made only of what the catalog returned (the stage's name, the attempt's number, the
+// worker's home), never of the request's text.
+std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve::ApiRequest& r) {
+  namespace fs = std::filesystem;
+  int64_t run_id = ParseRunId(r.id);
+  std::string stage_name = Param(r, "stage");
+  if (stage_name.empty()) throw UserError("which stage? ?stage=NAME&attempt=N");
+  int attempt_no = static_cast<int>(NumberParam(r, "attempt", 0, 1, 1000000));
+  int64_t offset = NumberParam(r, "offset", 0, 0, int64_t{1} << 50);
+  if (!catalog.GetRun(run_id)) return std::nullopt;
+  const schema::StageRow* stage = nullptr;
+  auto stages = catalog.GetStages(run_id);
+  for (const auto& s : stages)
+    if (s.name == stage_name) stage = &s;
+  if (!stage) return std::nullopt;
+  if (stage->kind != "run")
+    throw UserError("stage " + stage->name + " is a " + stage->kind +
+                    " stage; only run: stages write logs");
+  std::optional<schema::AttemptRow> attempt;
+  for (const auto& a : catalog.GetAttempts(run_id))
+    if (a.stage_id == stage->id && (attempt_no == 0 ? true : a.attempt == attempt_no))
+      attempt = a;  // attempt 0 (none given): the latest
+  if (!attempt) return std::nullopt;
+  // The worker names a log after the stage with '/' and ' ' made '_' (as `trnflow logs`).
+  std::string file_name = stage->name;
+  for (char& c : file_name)
+    if (c == '/' || c == ' ') c = '_';
+  fs::path dir_name = fs::path("logs") / ("run-" + std::to_string(run_id));
+  fs::path name = dir_name / (file_name + ".attempt-" + std::to_string(attempt->attempt) + ".log");
+  std::vector<fs::path> homes;
+  if (!attempt->worker_home.empty()) homes.push_back(attempt->worker_home);
+  homes.push_back(HomeDir());
+  nlohmann::json out = {{"run_id", std::to_string(run_id)},
+                        {"stage", stage->name},
+                        {"attempt", attempt->attempt},
+                        {"outcome", OrNull(attempt->outcome)},
+                        {"offset", offset},
+                        {"next_offset", offset},
+                        {"size", nullptr},
+                        {"text", ""},
+                        {"available", false},
+                        {"complete", false}};
+  for (const auto& home : homes) {
+    // Whatever the names hold, the file must be inside this run's log directory.
+    fs::path dir = (home / dir_name).lexically_normal();
+    fs::path p = (home / name).lexically_normal();
+    if (p.parent_path() != dir) throw UserError("stage " + stage->name + ": not a log file name");
+    std::error_code ec;
+    auto size = fs::file_size(p, ec);
+    if (ec || fs::is_symlink(fs::symlink_status(p, ec))) continue;
+    std::ifstream in(p, std::ios::binary);
+    if (!in) continue;
+    int64_t from = std::min<int64_t>(offset, static_cast<int64_t>(size));
+    int64_t n = std::min<int64_t>(kLogChunk, static_cast<int64_t>(size) - from);
+    std::string text(static_cast<size_t>(n), '\0');
+    in.seekg(from);
+    in.read(text.data(), n);
+    text.resize(static_cast<size_t>(in.gcount()));
+    out["offset"] = from;
+    out["next_offset"] = from + static_cast<int64_t>(text.size());
+    out["size"] = static_cast<int64_t>(size);
+    out["text"] = text;
+    out["available"] = true;
+    out["complete"] = !attempt->outcome.empty() &&
+                      from + static_cast<int64_t>(text.size()) >= static_cast<int64_t>(size);
+    return out;
+  }
+  // Not on this host: its worker's TRNFLOW_HOME is elsewhere (docs/operations.md).
+  out["complete"] = !attempt->outcome.empty();
+  out["path"] = (homes.front() / name).string();
+  return out;
+}
+
+// /metrics samples the catalog's SQL cannot compute: each active schedule's lag (its cron is
+// evaluated here) and each budget's forecast band (BudgetForecasts).
+std::vector<schema::MetricRow> ExtraMetrics(schema::Catalog& catalog) {
+  std::vector<schema::MetricRow> out;
+  auto now = std::chrono::system_clock::now();
+  for (const auto& s : catalog.ListSchedules()) {
+    if (s.paused) continue;
+    std::string error;
+    auto cron = scheduler::ParseCron(s.cron, &error);
+    if (!cron || !scheduler::IsTimeZone(s.tz)) continue;
+    auto last = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::duration<double>(s.last_slot_epoch)));
+    auto due = scheduler::NextSlot(*cron, s.tz, last);
+    double lag = due && *due < now ? std::chrono::duration<double>(now - *due).count() : 0;
+    out.push_back({"trnflow_schedule_lag_seconds", nlohmann::json({{"schedule", s.name}}).dump(),
+                   lag});
+  }
+  auto usd = [](Money m) { return static_cast<double>(m.micros()) / 1e6; };
+  for (const auto& b : catalog.BudgetForecasts()) {
+    std::string labels = nlohmann::json({{"project", b.project}, {"period", b.period}}).dump();
+    out.push_back({"trnflow_budget_forecast_usd", labels, usd(b.forecast)});
+    out.push_back({"trnflow_budget_forecast_low_usd", labels, usd(b.forecast_low)});
+    out.push_back({"trnflow_budget_forecast_high_usd", labels, usd(b.forecast_high)});
+    out.push_back({"trnflow_budget_committed_usd", labels, usd(b.committed)});
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -126,6 +256,24 @@ int CmdServe(const ServeArgs& a) {
   o.views["workers"] = [](schema::Catalog& c, const serve::ApiRequest&) {
     return std::optional<std::string>(WorkersJson(c).dump());
   };
+  o.views["budgets"] = [](schema::Catalog& c, const serve::ApiRequest&) {
+    return std::optional<std::string>(BudgetsJson(c).dump());
+  };
+  o.views["savings"] = [](schema::Catalog& c, const serve::ApiRequest& r) {
+    SpendArgs s;
+    s.project = Param(r, "project");
+    s.pipeline = Param(r, "pipeline");
+    s.since = Param(r, "since");
+    s.until = Param(r, "until");
+    return std::optional<std::string>(SavingsJson(c, s).dump());
+  };
+  o.views["log"] = [](schema::Catalog& c, const serve::ApiRequest& r) -> std::optional<std::string> {
+    auto j = StageLogJson(c, r);
+    if (!j) return std::nullopt;
+    // A log is bytes: what is not UTF-8 is shown as U+FFFD rather than refused.
+    return j->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  o.metrics = ExtraMetrics;
   InstallSignalHandlers();
   serve::Serve(o, g_interrupted, [&](int port) {
     std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;

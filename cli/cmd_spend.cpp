@@ -51,8 +51,82 @@ nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& a) {
   return out;
 }
 
+nlohmann::ordered_json SavingsJson(schema::Catalog& catalog, const SpendArgs& a) {
+  if (!a.by.empty()) throw UserError("--savings is by project; leave out --by");
+  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until), {}};
+  RequireProject(catalog, a.project);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& r : catalog.Savings(q))
+    out.push_back({{"project", r.project},
+                   {"spot_cost_usd", Usd(r.spot_cost)},
+                   {"spot_on_demand_usd", Usd(r.spot_on_demand)},
+                   {"spot_saved_usd", Usd(r.spot_saved)},
+                   {"cache_hits", r.cache_hits},
+                   {"cache_saved_usd", Usd(r.cache_saved)},
+                   {"cost_usd", Usd(r.cost)},
+                   {"gpu_baseline_usd", Usd(r.gpu_baseline)},
+                   {"gpu_saved_usd", Usd(r.gpu_saved)}});
+  return out;
+}
+
+namespace {
+
+// `trnflow spend --savings`: one row per project and their total, each figure from the ledger.
+int PrintSavings(schema::Catalog& catalog, const SpendArgs& a) {
+  if (a.format == "json") {
+    std::cout << SavingsJson(catalog, a).dump(2) << "\n";
+    return kExitOk;
+  }
+  if (!a.by.empty()) throw UserError("--savings is by project; leave out --by");
+  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until), {}};
+  RequireProject(catalog, a.project);
+  auto rows = catalog.Savings(q);
+  if (a.format == "csv") {
+    std::cout << "project,spot_cost_usd,spot_on_demand_usd,spot_saved_usd,cache_hits,"
+                 "cache_saved_usd,cost_usd,gpu_baseline_usd,gpu_saved_usd\n";
+    for (const auto& r : rows)
+      std::cout << Csv(r.project) << "," << r.spot_cost.ToDecimal() << ","
+                << r.spot_on_demand.ToDecimal() << "," << r.spot_saved.ToDecimal() << ","
+                << r.cache_hits << "," << r.cache_saved.ToDecimal() << "," << r.cost.ToDecimal()
+                << "," << r.gpu_baseline.ToDecimal() << "," << r.gpu_saved.ToDecimal() << "\n";
+    return kExitOk;
+  }
+  if (rows.empty()) {
+    std::cout << "no spend" << (a.project.empty() ? "" : " for project " + a.project)
+              << " in that period\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> table;
+  schema::SavingsRow t;
+  for (const auto& r : rows) {
+    table.push_back({r.project, r.spot_cost.ToDollars(), r.spot_on_demand.ToDollars(),
+                     r.spot_saved.ToDollars(), std::to_string(r.cache_hits),
+                     r.cache_saved.ToDollars(), r.cost.ToDollars(), r.gpu_baseline.ToDollars(),
+                     r.gpu_saved.ToDollars()});
+    t.spot_cost += r.spot_cost, t.spot_on_demand += r.spot_on_demand, t.spot_saved += r.spot_saved;
+    t.cache_hits += r.cache_hits, t.cache_saved += r.cache_saved;
+    t.cost += r.cost, t.gpu_baseline += r.gpu_baseline, t.gpu_saved += r.gpu_saved;
+  }
+  table.push_back({"total", t.spot_cost.ToDollars(), t.spot_on_demand.ToDollars(),
+                   t.spot_saved.ToDollars(), std::to_string(t.cache_hits),
+                   t.cache_saved.ToDollars(), t.cost.ToDollars(), t.gpu_baseline.ToDollars(),
+                   t.gpu_saved.ToDollars()});
+  std::cout << Table({"PROJECT", ">SPOT COST", ">SAME ON-DEMAND", ">SPOT SAVED", ">CACHE HITS",
+                      ">CACHE SAVED", ">COST", ">ON GPU (P4D)", ">NEURON SAVED"},
+                     table);
+  std::cout << "spot: on-demand price for the same billed time, less what spot cost; cache: what "
+               "the stages it served would have cost; Neuron: the same work on p4d.24xlarge, "
+               "less its cost (docs/spend.md)\n";
+  return kExitOk;
+}
+
+}  // namespace
+
 int CmdSpend(const SpendArgs& a) {
   auto catalog = OpenCatalog();
+  if (a.savings) return PrintSavings(*catalog, a);
   if (a.format == "json") {
     std::cout << SpendJson(*catalog, a).dump(2) << "\n";
     return kExitOk;
@@ -201,20 +275,28 @@ int CmdBudgetRemove(const std::string& project, const DeleteArgs& del) {
   return kExitOk;
 }
 
+nlohmann::ordered_json BudgetsJson(schema::Catalog& catalog) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& b : catalog.BudgetForecasts())
+    out.push_back({{"project", b.project},
+                   {"period", b.period},
+                   {"budget_usd", Usd(b.amount)},
+                   {"spent_usd", Usd(b.spent)},
+                   {"remaining_usd", Usd(b.amount - b.spent)},
+                   {"committed_usd", Usd(b.committed)},
+                   {"forecast_usd", Usd(b.forecast)},
+                   {"forecast_low_usd", Usd(b.forecast_low)},
+                   {"forecast_high_usd", Usd(b.forecast_high)}});
+  return out;
+}
+
 int CmdBudgetList(const std::string& format) {
   auto catalog = OpenCatalog();
-  auto budgets = catalog->ProjectBudgets();
   if (format == "json") {
-    nlohmann::ordered_json out = nlohmann::ordered_json::array();
-    for (const auto& b : budgets)
-      out.push_back({{"project", b.project},
-                     {"period", b.period},
-                     {"budget_usd", Usd(b.amount)},
-                     {"spent_usd", Usd(b.spent)},
-                     {"remaining_usd", Usd(b.amount - b.spent)}});
-    std::cout << out.dump(2) << "\n";
+    std::cout << BudgetsJson(*catalog).dump(2) << "\n";
     return kExitOk;
   }
+  auto budgets = catalog->BudgetForecasts();
   if (budgets.empty()) {
     std::cout << "no budgets; set one with `trnflow budget set PROJECT USD`\n";
     return kExitOk;
@@ -224,9 +306,15 @@ int CmdBudgetList(const std::string& format) {
     char pct[16];
     std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * b.spent.micros() / b.amount.micros());
     rows.push_back({b.project, b.period, b.amount.ToDollars(), b.spent.ToDollars(),
-                    (b.amount - b.spent).ToDollars(), pct});
+                    (b.amount - b.spent).ToDollars(), pct, b.committed.ToDollars(),
+                    b.forecast.ToDollars() + " (" + b.forecast_low.ToDollars() + " to " +
+                        b.forecast_high.ToDollars() + ")"});
   }
-  std::cout << Table({"PROJECT", "PERIOD", ">BUDGET", ">SPENT", ">REMAINING", ">USED"}, rows);
+  std::cout << Table({"PROJECT", "PERIOD", ">BUDGET", ">SPENT", ">REMAINING", ">USED",
+                      ">OF WHICH RUNNING", "FORECAST (RANGE)"},
+                     rows);
+  std::cout << "forecast: the period's end at the rate so far, the range from the spread of "
+               "daily spend (docs/serve.md)\n";
   return kExitOk;
 }
 

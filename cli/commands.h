@@ -89,6 +89,8 @@ std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run
 nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query);  // runs
 std::optional<nlohmann::json> ShowJson(schema::Catalog& catalog, int64_t run_id);  // show RUN
 nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& args);  // spend
+nlohmann::ordered_json SavingsJson(schema::Catalog& catalog, const SpendArgs& args);  // --savings
+nlohmann::ordered_json BudgetsJson(schema::Catalog& catalog);                        // budget ls
 nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                     // cache ls
 nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                  // schedule ls
 nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                       // workers

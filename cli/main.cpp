@@ -252,6 +252,9 @@ int main(int argc, char** argv) {
                     "group by any of project,pipeline,run,stage,kind,instance,market,day,month");
   spend->add_option("--format", spend_args.format, "table, csv or json")
       ->check(CLI::IsMember({"table", "csv", "json"}));
+  spend->add_flag("--savings", spend_args.savings,
+                  "what was saved, by project: spot against on-demand, cache hits, and Neuron "
+                  "against the GPU baseline (p4d.24xlarge)");
 
   EventsArgs events_args;
   auto* events = app.add_subcommand(

@@ -288,6 +288,23 @@ struct SpendQuery {
   std::vector<std::string> by;
 };
 
+struct BudgetForecastRow {
+  std::string project;
+  std::string period;  // month | total
+  Money amount;
+  Money spent;      // this period, open attempts included (as BudgetRow::spent)
+  Money committed;  // the open attempts' part of `spent`
+  Money forecast, forecast_low, forecast_high;  // at the period's end (docs/serve.md)
+};
+
+struct SavingsRow {
+  std::string project;
+  Money spot_cost, spot_on_demand, spot_saved;  // spot attempts, and on-demand for the same time
+  int64_t cache_hits = 0;
+  Money cache_saved;
+  Money cost, gpu_baseline, gpu_saved;  // all attempts, and the same work on p4d.24xlarge
+};
+
 struct SpendRow {
   std::vector<std::string> keys;  // in the order of SpendQuery::by
   int64_t attempts = 0;
@@ -589,6 +606,20 @@ class Catalog {
   void RebuildSpendRollup();
   // A statement that cannot run in a transaction (VACUUM); for maintenance and benchmarks.
   void RunOutsideTransaction(const std::string& sql);
+
+  // --- the dashboard, continued (schema/queries/serve.sql) ----------------------------------
+  // Each budget with its spend, the open attempts' part of it and a month-end forecast band.
+  std::vector<BudgetForecastRow> BudgetForecasts();
+  // Savings by project (spot, cache, GPU baseline) over SpendQuery's project, pipeline and days.
+  std::vector<SavingsRow> Savings(const SpendQuery& q);
+  // When each attempt of a run became ready: (stage id, attempt) -> UTC time, "" unknown.
+  std::map<std::pair<int64_t, int>, std::string> AttemptQueuedAt(int64_t run_id);
+  // The server's transaction horizon now (pg_current_snapshot()): every transaction older than
+  // `xmin` has ended; every transaction that has started is older than `xmax`.
+  struct Horizon {
+    int64_t xmin = 0, xmax = 0;
+  };
+  Horizon TransactionHorizon();
 
  private:
   struct Impl;

@@ -3,9 +3,20 @@
 // safety net), fanned out to every event stream of the dashboard. It keeps the newest changes
 // in memory; streams wait on it and never query the catalog while they follow along.
 //
+// In commit order, without losing any: change ids come from a sequence, in the order
+// statements ran, while transactions commit in any order. So the hub passes changes on only
+// up to the first id it cannot see (a hole): a transaction still running holds it, or one
+// that rolled back burned it. It looks again every 50 ms; once every transaction that was
+// running when it first saw the hole has ended (the server's transaction horizon moved past
+// it) and the id is still not there, it never will be, and the hub moves on (after 30 s it
+// moves on anyway, with a warning: an unrelated transaction open for minutes holds the
+// horizon back too). Latest() is therefore settled: every change up to it is passed on or
+// never existed.
+//
 // Thread-safe. Start() runs the listener on a thread of its own; Stop() ends it and wakes
 // every waiting stream.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -30,7 +41,7 @@ class EventHub {
   void Stop();
   bool stopped() const { return stop_; }
 
-  // The newest change id the hub has seen.
+  // The newest change id the hub has passed on; everything up to it is settled (above).
   int64_t Latest() const;
   struct Batch {
     std::vector<schema::ChangeRow> changes;  // after the id asked for, oldest first
@@ -53,6 +64,11 @@ class EventHub {
   std::condition_variable cv_;
   std::deque<schema::ChangeRow> recent_;  // guarded by mu_
   int64_t latest_ = 0;                    // guarded by mu_
+  // The first id not yet seen while later ones are (0: none), and the transaction horizon
+  // (xmax) when it was first seen. Loop() only.
+  int64_t hole_at_ = 0;
+  int64_t hole_horizon_ = 0;
+  std::chrono::steady_clock::time_point hole_since_;
   std::atomic<bool> stop_{false};
   std::atomic<int> clients_{0};
   std::thread thread_;

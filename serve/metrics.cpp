@@ -1,6 +1,8 @@
 #include "serve/metrics.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -48,6 +50,20 @@ const std::map<std::string, Meta>& Known() {
       {"trnflow_schedules", {"gauge", "Cron schedules, by state."}},
       {"trnflow_schedule_fires_total", {"counter", "Schedule slots fired."}},
       {"trnflow_serve_event_clients", {"gauge", "Event streams open on this dashboard."}},
+      {"trnflow_attempt_duration_seconds",
+       {"histogram", "Wall-clock seconds from start to close of closed attempts, by pool and "
+                     "outcome (the ledger)."}},
+      {"trnflow_queue_wait_seconds",
+       {"histogram", "Seconds from a stage becoming ready to its attempt starting, by pool."}},
+      {"trnflow_schedule_lag_seconds",
+       {"gauge", "How long the earliest slot of an active schedule that has not fired is "
+                 "overdue (0: on time)."}},
+      {"trnflow_budget_committed_usd",
+       {"gauge", "What open attempts of a project with a budget have cost so far."}},
+      {"trnflow_budget_forecast_low_usd",
+       {"gauge", "Low end of the month-end forecast band (docs/serve.md)."}},
+      {"trnflow_budget_forecast_high_usd",
+       {"gauge", "High end of the month-end forecast band (docs/serve.md)."}},
   };
   return known;
 }
@@ -77,24 +93,88 @@ std::string EscapeLabelValue(const std::string& value) {
   return out;
 }
 
+namespace {
+
+// A histogram's samples are named FAMILY_bucket, FAMILY_sum and FAMILY_count; the family is
+// what HELP and TYPE name. Returns the family and the sample's rank within a series (bucket 0,
+// sum 1, count 2); a name that is not part of a known histogram is its own family.
+std::pair<std::string, int> Family(const std::string& name) {
+  static const std::pair<const char*, int> suffixes[] = {{"_bucket", 0}, {"_sum", 1}, {"_count", 2}};
+  for (const auto& [suffix, rank] : suffixes) {
+    std::string sfx = suffix;
+    if (name.size() <= sfx.size() || name.compare(name.size() - sfx.size(), sfx.size(), sfx) != 0)
+      continue;
+    std::string family = name.substr(0, name.size() - sfx.size());
+    auto it = Known().find(family);
+    if (it != Known().end() && std::string(it->second.type) == "histogram") return {family, rank};
+  }
+  return {name, 0};
+}
+
+double LeValue(const std::string& le) {
+  if (le == "+Inf") return INFINITY;
+  char* end = nullptr;
+  double v = std::strtod(le.c_str(), &end);
+  return end && *end == 0 ? v : NAN;
+}
+
+struct Sample {
+  std::string name;
+  int rank = 0;         // within a histogram series: bucket, sum, count
+  std::string series;   // the labels without `le`: which series of the family
+  double le = 0;        // a bucket's bound
+  std::string labels;   // formatted, `le` last
+  double value = 0;
+};
+
+}  // namespace
+
 std::string FormatMetrics(const std::vector<schema::MetricRow>& rows) {
-  std::map<std::string, std::vector<const schema::MetricRow*>> by_name;
-  for (const auto& r : rows) by_name[r.name].push_back(&r);
+  std::map<std::string, std::vector<Sample>> by_family;
+  std::map<std::string, std::vector<std::string>> series_order;  // first appearance
+  for (const auto& r : rows) {
+    auto [family, rank] = Family(r.name);
+    Sample s{r.name, rank, "", 0, "", r.value};
+    std::string le;
+    auto j = nlohmann::json::parse(r.labels_json, nullptr, false);
+    if (j.is_object())
+      for (auto l = j.begin(); l != j.end(); ++l) {
+        std::string v = l->is_string() ? l->get<std::string>() : l->dump();
+        if (l.key() == "le" && family != r.name) {
+          le = v;
+          continue;
+        }
+        s.labels += (s.labels.empty() ? "" : ",") + l.key() + "=\"" + EscapeLabelValue(v) + "\"";
+      }
+    s.series = s.labels;
+    if (!le.empty()) {
+      s.le = LeValue(le);
+      s.labels += (s.labels.empty() ? "" : ",") + std::string("le=\"") + EscapeLabelValue(le) + "\"";
+    }
+    auto& order = series_order[family];
+    if (std::find(order.begin(), order.end(), s.series) == order.end()) order.push_back(s.series);
+    by_family[family].push_back(std::move(s));
+  }
   std::string out;
-  for (const auto& [name, samples] : by_name) {
-    auto it = Known().find(name);
+  for (auto& [family, samples] : by_family) {
+    auto it = Known().find(family);
     std::string type = it == Known().end() ? "untyped" : it->second.type;
     std::string help = it == Known().end() ? "trnflow metric" : it->second.help;
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-    for (const auto* s : samples) {
-      std::string labels;
-      auto j = nlohmann::json::parse(s->labels_json, nullptr, false);
-      if (j.is_object())
-        for (auto l = j.begin(); l != j.end(); ++l)
-          labels += (labels.empty() ? "" : ",") + l.key() + "=\"" +
-                    EscapeLabelValue(l->is_string() ? l->get<std::string>() : l->dump()) + "\"";
-      out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + Value(s->value) + "\n";
+    out += "# HELP " + family + " " + help + "\n# TYPE " + family + " " + type + "\n";
+    if (type == "histogram") {
+      // Each series together: its buckets by bound, then its sum, then its count.
+      const auto& order = series_order[family];
+      auto pos = [&](const std::string& series) {
+        return std::find(order.begin(), order.end(), series) - order.begin();
+      };
+      std::stable_sort(samples.begin(), samples.end(), [&](const Sample& a, const Sample& b) {
+        if (a.series != b.series) return pos(a.series) < pos(b.series);
+        if (a.rank != b.rank) return a.rank < b.rank;
+        return a.rank == 0 && a.le < b.le;
+      });
     }
+    for (const auto& s : samples)
+      out += s.name + (s.labels.empty() ? "" : "{" + s.labels + "}") + " " + Value(s.value) + "\n";
   }
   return out;
 }

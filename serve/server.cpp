@@ -300,6 +300,9 @@ class Dashboard {
     Api(svr, "/api/cache", "cache");
     Api(svr, "/api/schedules", "schedules");
     Api(svr, "/api/workers", "workers");
+    Api(svr, R"(/api/runs/(\d+)/log)", "log");
+    Api(svr, "/api/budgets", "budgets");
+    Api(svr, "/api/savings", "savings");
     svr.Get("/api/me", [this](const httplib::Request& req, httplib::Response& res) {
       Guarded(res, [&] {
         Who who = Identify(req);
@@ -313,10 +316,18 @@ class Dashboard {
         res.set_content(j.dump() + "\n", "application/json");
       });
     });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    // Prometheus. Without a user (--auth local, or --auth proxy with no user header: the
+    // monitoring system) it counts everything the daemons' login sees; a request the proxy
+    // names a user in is computed as that user, so row-level security limits what it counts.
+    svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       Guarded(res, [&] {
-        auto c = pool_.Take();
+        Who who;
+        if (o_.auth == Auth::kProxy && !req.get_header_value(o_.user_header.c_str()).empty())
+          who = Identify(req);
+        auto c = ConnectionFor(who);
         auto rows = (*c)->Metrics();
+        if (o_.metrics)
+          for (auto& r : o_.metrics(**c)) rows.push_back(std::move(r));
         rows.push_back({"trnflow_serve_event_clients", "{}", static_cast<double>(hub_.clients())});
         res.set_content(FormatMetrics(rows), "text/plain; version=0.0.4; charset=utf-8");
       });
@@ -386,8 +397,16 @@ class Dashboard {
             double wait = std::min(o_.heartbeat_s, std::chrono::duration<double>(ends - now).count());
             auto batch = hub_.Wait(*state, wait);
             if (hub_.stopped()) return false;
-            if (batch.gap) add(FromCatalog(*state));
-            add(batch.changes);
+            if (batch.gap) {
+              // Behind what the hub holds: the catalog gives what follows, a page per call. A
+              // full page may leave more between it and the hub's oldest change; the hub's
+              // batch waits for the next call then, so nothing in between is skipped.
+              bool full = false;
+              add(FromCatalog(*state, &full));
+              if (!full) add(batch.changes);
+            } else {
+              add(batch.changes);
+            }
             // Changes of projects it may not see move its resume point past them too.
             if (*state != before && written != *state) out += "id: " + std::to_string(*state) + "\n\n";
             if (out.empty()) out = ": heartbeat\n\n";
@@ -398,9 +417,16 @@ class Dashboard {
   }
 
   // Changes after `after` from the catalog itself (a resume, or a stream that fell behind).
-  std::vector<schema::ChangeRow> FromCatalog(int64_t after) {
+  static constexpr size_t kCatchUpPage = 10000;
+  // Never past what the hub has settled: a later id may be followed by an earlier one still
+  // to commit (event_hub.h), which a stream that went past it would never get.
+  std::vector<schema::ChangeRow> FromCatalog(int64_t after, bool* full = nullptr) {
+    int64_t settled = hub_.Latest();
     auto c = pool_.Take();
-    return (*c)->ChangesSince(after, 10000);
+    auto rows = (*c)->ChangesSince(after, static_cast<int>(kCatchUpPage));
+    if (full) *full = rows.size() == kCatchUpPage;
+    while (!rows.empty() && rows.back().id > settled) rows.pop_back();
+    return rows;
   }
 
   // The token a write must carry (X-CSRF-Token): bound to the user and to this process, read

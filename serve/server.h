@@ -12,9 +12,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trnflow::schema {
 class Catalog;
+struct MetricRow;
 }
 
 namespace trnflow::serve {
@@ -48,8 +50,12 @@ struct Options {
   // Last-Event-ID, losing nothing (it keeps proxies' idle timers and stale streams in check).
   double stream_lifetime_s = 300;
   std::string database_url;
-  // "runs", "run" (id), "spend", "cache", "schedules", "workers".
+  // "runs", "run" (id), "log" (id), "spend", "savings", "budgets", "cache", "schedules",
+  // "workers".
   std::map<std::string, ApiView> views;
+  // /metrics samples besides the catalog's own (schedule lag, budget forecasts), read through
+  // the same connection (acting as the request's role, when it names one).
+  std::function<std::vector<schema::MetricRow>(schema::Catalog& catalog)> metrics;
 };
 
 // Parses "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080" for all addresses); throws

@@ -42,7 +42,72 @@ SELECT coalesce(max(id), 0) FROM trnflow.changes;
 -- Counters are sums over the append-only ledger (closed attempts), so they only grow, across
 -- restarts of anything. Labels are bounded: project, pipeline, pool, instance type, outcome,
 -- state; never a run, attempt or worker id.
-SELECT 'trnflow_attempts_total' AS name,
+--
+-- Histograms (`_bucket` with `le`, `_sum`, `_count`): each attempt is put in the first bucket
+-- whose bound it does not exceed (one CASE per row, then a small group-by), and the buckets
+-- are made cumulative over those groups, so a scrape reads the ledger once per histogram.
+-- Attempt duration: wall-clock seconds from start to close of closed attempts, by pool and
+-- outcome. Queue wait: seconds from the stage becoming ready (attempts.queued_at, 0015) to
+-- the attempt's start, by pool, for every attempt that has started.
+WITH bounds_duration(k, le) AS (
+  VALUES (1, '1'), (2, '5'), (3, '15'), (4, '30'), (5, '60'), (6, '120'), (7, '300'),
+         (8, '600'), (9, '1800'), (10, '3600'), (11, '7200'), (12, '21600'), (13, '86400'),
+         (14, '+Inf')),
+durations AS (
+  SELECT pool, outcome,
+         CASE WHEN v <= 1 THEN 1 WHEN v <= 5 THEN 2 WHEN v <= 15 THEN 3 WHEN v <= 30 THEN 4
+              WHEN v <= 60 THEN 5 WHEN v <= 120 THEN 6 WHEN v <= 300 THEN 7 WHEN v <= 600 THEN 8
+              WHEN v <= 1800 THEN 9 WHEN v <= 3600 THEN 10 WHEN v <= 7200 THEN 11
+              WHEN v <= 21600 THEN 12 WHEN v <= 86400 THEN 13 ELSE 14 END AS k,
+         count(*) AS n, sum(v) AS total
+  FROM (SELECT s.pool, a.outcome,
+               greatest(0, extract(epoch FROM (a.finished_at - a.started_at)))::float8 AS v
+        FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
+        WHERE a.outcome IS NOT NULL) x
+  GROUP BY 1, 2, 3),
+bounds_wait(k, le) AS (
+  VALUES (1, '0.5'), (2, '1'), (3, '5'), (4, '15'), (5, '30'), (6, '60'), (7, '300'),
+         (8, '900'), (9, '1800'), (10, '3600'), (11, '7200'), (12, '21600'), (13, '86400'),
+         (14, '+Inf')),
+waits AS (
+  SELECT pool,
+         CASE WHEN v <= 0.5 THEN 1 WHEN v <= 1 THEN 2 WHEN v <= 5 THEN 3 WHEN v <= 15 THEN 4
+              WHEN v <= 30 THEN 5 WHEN v <= 60 THEN 6 WHEN v <= 300 THEN 7 WHEN v <= 900 THEN 8
+              WHEN v <= 1800 THEN 9 WHEN v <= 3600 THEN 10 WHEN v <= 7200 THEN 11
+              WHEN v <= 21600 THEN 12 WHEN v <= 86400 THEN 13 ELSE 14 END AS k,
+         count(*) AS n, sum(v) AS total
+  FROM (SELECT s.pool, greatest(0, extract(epoch FROM (a.started_at - a.queued_at)))::float8 AS v
+        FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
+        WHERE a.queued_at IS NOT NULL) x
+  GROUP BY 1, 2)
+SELECT 'trnflow_attempt_duration_seconds_bucket' AS name,
+       jsonb_build_object('pool', g.pool, 'outcome', g.outcome, 'le', b.le)::text AS labels,
+       (SELECT coalesce(sum(d.n), 0) FROM durations d
+        WHERE d.pool = g.pool AND d.outcome = g.outcome AND d.k <= b.k)::float8 AS value
+FROM (SELECT DISTINCT pool, outcome FROM durations) g CROSS JOIN bounds_duration b
+UNION ALL
+SELECT 'trnflow_attempt_duration_seconds_sum',
+       jsonb_build_object('pool', pool, 'outcome', outcome)::text, sum(total)::float8
+FROM durations GROUP BY pool, outcome
+UNION ALL
+SELECT 'trnflow_attempt_duration_seconds_count',
+       jsonb_build_object('pool', pool, 'outcome', outcome)::text, sum(n)::float8
+FROM durations GROUP BY pool, outcome
+UNION ALL
+SELECT 'trnflow_queue_wait_seconds_bucket',
+       jsonb_build_object('pool', g.pool, 'le', b.le)::text,
+       (SELECT coalesce(sum(w.n), 0) FROM waits w WHERE w.pool = g.pool AND w.k <= b.k)::float8
+FROM (SELECT DISTINCT pool FROM waits) g CROSS JOIN bounds_wait b
+UNION ALL
+SELECT 'trnflow_queue_wait_seconds_sum', jsonb_build_object('pool', pool)::text,
+       sum(total)::float8
+FROM waits GROUP BY pool
+UNION ALL
+SELECT 'trnflow_queue_wait_seconds_count', jsonb_build_object('pool', pool)::text,
+       sum(n)::float8
+FROM waits GROUP BY pool
+UNION ALL
+SELECT 'trnflow_attempts_total',
        jsonb_build_object('outcome', a.outcome)::text AS labels, count(*)::float8 AS value
 FROM trnflow.attempts a WHERE a.outcome IS NOT NULL GROUP BY a.outcome
 UNION ALL
@@ -119,23 +184,7 @@ FROM trnflow.budgets b,
               FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
               WHERE r.project = b.project AND a.outcome IS NOT NULL
                 AND a.finished_at >= ps.start) bs
-UNION ALL
--- Month-end forecast: the month's spend so far at the rate it went (linear in time). A total
--- budget's forecast is what it has spent.
-SELECT 'trnflow_budget_forecast_usd',
-       jsonb_build_object('project', b.project, 'period', b.period)::text,
-       CASE WHEN b.period = 'month'
-            THEN bs.spent::float8 * extract(epoch FROM (ps.next - ps.start))
-                 / greatest(60, extract(epoch FROM (now() - ps.start)))
-            ELSE bs.spent::float8 END
-FROM trnflow.budgets b,
-     LATERAL (SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS start,
-                     (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')
-                       AT TIME ZONE 'UTC' AS next) ps,
-     LATERAL (SELECT coalesce(sum(a.cost_usd), 0) AS spent
-              FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-              WHERE r.project = b.project AND a.outcome IS NOT NULL
-                AND (b.period = 'total' OR a.finished_at >= ps.start)) bs
+-- The month-end forecast and its band come from BudgetForecasts (below), added by the dashboard.
 UNION ALL
 SELECT 'trnflow_workers', jsonb_build_object('state', CASE WHEN w.heartbeat_at > now() - interval '60 seconds'
                                                           THEN 'live' ELSE 'stale' END)::text,
@@ -159,3 +208,88 @@ FROM trnflow.schedules s GROUP BY 2
 UNION ALL
 SELECT 'trnflow_schedule_fires_total', '{}', count(*)::float8
 FROM trnflow.schedule_fires f;
+
+-- name: BudgetForecasts
+-- Each budget this role sees: what its period has spent (closed attempts from the rollup plus
+-- open attempts so far, the figure of `trnflow budget ls`), the open attempts' part of it
+-- (committed), and a month-end forecast with a band (docs/serve.md, "Budgets and forecast"):
+--   forecast = spent x (seconds in the month) / (seconds of it gone by, at least 60): linear;
+--   band     = forecast -/+ sd x sqrt(days left), sd the population standard deviation of the
+--              closed spend of each UTC day of the month so far (days without spend count 0):
+--              the spread of a sum of that many days like the ones so far; the low end is never
+--              under what is spent already. A `total` budget's forecast is what it has spent.
+SELECT b.project, b.period, b.amount_usd::text, (m.closed + m.committed)::numeric(18,6)::text,
+       m.committed::numeric(18,6)::text, f.forecast::numeric(18,6)::text,
+       greatest(m.closed + m.committed, f.forecast - f.band)::numeric(18,6)::text,
+       (f.forecast + f.band)::numeric(18,6)::text
+FROM trnflow.budgets b,
+     LATERAL (SELECT CASE WHEN b.period = 'month'
+                          THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                          ELSE '-infinity'::timestamptz END AS start,
+                     (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')
+                       AT TIME ZONE 'UTC' AS next) ps,
+     LATERAL (SELECT coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
+                               WHERE project = b.project AND day >= ps.start::date), 0) AS closed,
+                     coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed,
+                                                                   a.instance_count,
+                                                                   a.price_usd_hour, a.cap_usd))
+                               FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+                               WHERE a.outcome IS NULL AND r.project = b.project), 0)
+                       AS committed) m,
+     LATERAL (SELECT coalesce(stddev_pop(coalesce(d.cost, 0)), 0) AS sd
+              FROM generate_series(date_trunc('month', now() AT TIME ZONE 'UTC'),
+                                   date_trunc('day', now() AT TIME ZONE 'UTC'),
+                                   interval '1 day') g(day)
+              LEFT JOIN (SELECT day, sum(cost_usd) AS cost FROM trnflow.spend_rollup
+                         WHERE project = b.project GROUP BY day) d ON d.day = g.day::date) sp,
+     LATERAL (SELECT CASE WHEN b.period = 'month'
+                          THEN (m.closed + m.committed) * extract(epoch FROM (ps.next - ps.start))
+                               / greatest(60, extract(epoch FROM (now() - ps.start)))
+                          ELSE m.closed + m.committed END AS forecast,
+                     CASE WHEN b.period = 'month'
+                          THEN sp.sd * sqrt(greatest(0, extract(epoch FROM (ps.next - now())))
+                                            / 86400)
+                          ELSE 0 END AS band) f
+ORDER BY b.project;
+
+-- name: Savings
+-- What was saved, by project, over closed attempts started on days $3..$4 ('': open-ended)
+-- of project $1 and pipeline $2 ('' = any), from the rollup `trnflow spend` reads: spot
+-- (the billed time at the on-demand price, less what spot cost), the cache (what the stages
+-- it served would have cost; the ledger's saved_usd) and the GPU baseline (the same work on
+-- p4d.24xlarge, less what it cost on Neuron). Cache hits are counted in the ledger itself.
+SELECT x.project, x.spot_cost::text, x.spot_on_demand::text, (x.spot_on_demand - x.spot_cost)::text,
+       coalesce(h.hits, 0), x.cache_saved::text, x.cost::text, x.baseline::text,
+       (x.baseline - x.cost)::text
+FROM (SELECT ro.project,
+             coalesce(sum(ro.cost_usd) FILTER (WHERE ro.market = 'spot'), 0) AS spot_cost,
+             coalesce(sum(ro.on_demand_usd) FILTER (WHERE ro.market = 'spot'), 0) AS spot_on_demand,
+             sum(ro.saved_usd) AS cache_saved, sum(ro.cost_usd) AS cost,
+             sum(ro.baseline_usd) AS baseline
+      FROM trnflow.spend_rollup ro
+      WHERE ($1 = '' OR ro.project = $1) AND ($2 = '' OR ro.pipeline = $2)
+        AND ($3 = '' OR ro.day >= $3::date) AND ($4 = '' OR ro.day <= $4::date)
+      GROUP BY ro.project) x
+LEFT JOIN (SELECT r.project, count(*) AS hits
+           FROM trnflow.attempts a
+           JOIN trnflow.runs r ON r.id = a.run_id
+           JOIN trnflow.pipelines p ON p.id = r.pipeline_id
+           WHERE a.outcome = 'cached' AND ($1 = '' OR r.project = $1) AND ($2 = '' OR p.name = $2)
+             AND ($3 = '' OR (a.started_at AT TIME ZONE 'UTC')::date >= $3::date)
+             AND ($4 = '' OR (a.started_at AT TIME ZONE 'UTC')::date <= $4::date)
+           GROUP BY r.project) h ON h.project = x.project
+ORDER BY x.project;
+
+-- name: AttemptQueuedAt
+-- When each attempt of run $1 became ready to run (0015; '' when unknown): its queue wait on
+-- the run page's timeline.
+SELECT a.stage_id, a.attempt,
+       coalesce(to_char(a.queued_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
+FROM trnflow.attempts a
+WHERE a.run_id = $1;
+
+-- name: TransactionHorizon
+-- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest
+-- transaction still running, and the first transaction id not yet given out.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint;

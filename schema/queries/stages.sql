@@ -5,8 +5,10 @@
 -- other workers hold; then take turns, one stage per project per round, keeping the prefix whose
 -- instance counts fit. One project's sweep of 20,000 stages cannot hold back another's single
 -- stage. Claimed stages run under this worker's lease with an attempt row opened at the price
--- in force now. $6: only this run (0: any). `budgeted`: the run or its project has a budget,
--- so the worker reserves a spend cap for the attempt before it runs.
+-- in force now (queued_at: the stage's ready_at, which the claim leaves as it was, so the
+-- attempt's queue wait is started_at - queued_at). $6: only this run (0: any). `budgeted`:
+-- the run or its project has a budget, so the worker reserves a spend cap for the attempt
+-- before it runs.
 WITH RECURSIVE projects AS (
   (SELECT project FROM trnflow.stages
    WHERE state = 'ready' AND pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
@@ -45,14 +47,14 @@ claimed AS (
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
   WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
   RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
-            s.progress, s.errors, s.preemptions, s.spec, s.project),
+            s.progress, s.errors, s.preemptions, s.spec, s.project, s.ready_at),
 opened AS (
   INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,
                                 instance_type, instance_count, market, price_usd_hour,
-                                on_demand_price_usd_hour, progress_from)
+                                on_demand_price_usd_hour, progress_from, queued_at)
   SELECT c.id, c.run_id, c.attempts, $3::uuid, $4, c.instance_type, c.instance_count, c.market,
          CASE WHEN c.market = 'spot' THEN pr.spot_usd_hour ELSE pr.on_demand_usd_hour END,
-         pr.on_demand_usd_hour, c.progress
+         pr.on_demand_usd_hour, c.progress, c.ready_at
   FROM claimed c
   JOIN LATERAL (SELECT spot_usd_hour, on_demand_usd_hour FROM trnflow.prices
                 WHERE instance_type = c.instance_type AND valid_from <= now()

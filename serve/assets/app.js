@@ -81,7 +81,8 @@ function sortableTable(id, cols, rows, totalRow) {
     }, c.label + (sortKey === c.key ? (asc ? ' ▲' : ' ▼') : ''))));
     const body = sorted.map(r => el('tr', {}, cols.map(c => {
       const v = c.fmt ? c.fmt(r[c.key], r) : r[c.key];
-      return el('td', { class: c.num ? 'num' : null }, v instanceof Node ? v : (v === null || v === undefined ? '' : String(v)));
+      return el('td', { class: c.num ? 'num' : null, id: c.id ? c.id(r) : null },
+        v instanceof Node ? v : (v === null || v === undefined ? '' : String(v)));
     })));
     const foot = totalRow ? [el('tr', { class: 'total' }, cols.map(c => el('td', {
       class: c.num ? 'num' : null, id: totalRow[c.key] !== undefined ? id + '-total-' + c.key : null,
@@ -190,8 +191,55 @@ function stageCost(s) {
 // Stages whose state changed on this page through the event stream (not a reload): how often.
 const liveChanges = new Map();
 
+// Matrix fan-outs: the expansions of one matrix stage (`name[key=value,...]`) are drawn as one
+// node with how many are in each state; a click (or ?expand=NAME,... or ?expand=all in the URL)
+// shows them one by one.
+const expanded = new Set((new URLSearchParams(location.search).get('expand') || '').split(',').filter(Boolean));
+let redrawDag = null;
+function matrixBase(name) {
+  const i = name.indexOf('[');
+  return i > 0 && name.endsWith(']') ? name.slice(0, i) : null;
+}
+// What a group of stages is, as one: the state that most needs a look first.
+function groupState(counts) {
+  for (const s of ['running', 'failed', 'retry_wait', 'ready', 'blocked', 'cancelled', 'skipped'])
+    if (counts[s]) return s;
+  return counts.cached && !counts.succeeded ? 'cached' : 'succeeded';
+}
+function collapseMatrices(stages) {
+  const groups = new Map();
+  for (const s of stages) {
+    const b = matrixBase(s.name);
+    if (b) groups.set(b, (groups.get(b) || []).concat([s]));
+  }
+  const nodeOf = new Map();
+  for (const s of stages) {
+    const b = matrixBase(s.name);
+    const keep = !b || groups.get(b).length < 2 || expanded.has('all') || expanded.has(b) ||
+      stages.some(o => o.name === b);
+    nodeOf.set(s.name, keep ? s.name : b);
+  }
+  const out = [], seen = new Set();
+  for (const s of stages) {
+    const n = nodeOf.get(s.name);
+    if (n === s.name) { out.push({ ...s, needs: [...new Set((s.needs || []).map(x => nodeOf.get(x) || x))] }); continue; }
+    if (seen.has(n)) continue;
+    seen.add(n);
+    const members = groups.get(n);
+    const counts = {};
+    for (const m of members) counts[m.state] = (counts[m.state] || 0) + 1;
+    const needs = new Set();
+    for (const m of members) for (const x of m.needs || []) if ((nodeOf.get(x) || x) !== n) needs.add(nodeOf.get(x) || x);
+    out.push({ name: n, kind: members[0].kind, state: groupState(counts), counts, members,
+      needs: [...needs], attempts: members.flatMap(m => m.attempts),
+      cost_usd: members.reduce((t, m) => t + (m.cost_usd || 0), 0),
+      running_cost_usd: members.reduce((t, m) => t + (m.running_cost_usd || 0), 0) });
+  }
+  return out;
+}
+
 function drawDag(run) {
-  const stages = run.stages;
+  const stages = collapseMatrices(run.stages);
   const depth = layers(stages);
   const cols = new Map();
   for (const s of stages) {
@@ -217,6 +265,24 @@ function drawDag(run) {
   }
   for (const s of stages) {
     const p = pos.get(s.name);
+    if (s.members) {
+      const order = ['succeeded', 'cached', 'running', 'ready', 'retry_wait', 'blocked', 'failed', 'skipped', 'cancelled'];
+      const counts = order.filter(k => s.counts[k]).map(k => `${s.counts[k]} ${k}`).join(' · ');
+      const g = svg('g', { class: 'node matrix', 'data-stage': s.name, 'data-state': s.state,
+        'data-count': s.members.length, 'data-counts': order.filter(k => s.counts[k]).map(k => `${k}:${s.counts[k]}`).join(','),
+        transform: `translate(${p.x},${p.y})` },
+        svg('title', {}, `${s.name}: ${s.members.length} matrix stages (${counts}); click to show them`),
+        svg('rect', { width: W, height: H }),
+        svg('rect', { class: 'stack', x: 3, y: -3, width: W, height: H }),
+        svg('rect', { width: W, height: H }),
+        svg('text', { x: 8, y: 18, class: 'name' }, `${s.name.length > 20 ? s.name.slice(0, 19) + '…' : s.name} ×${s.members.length}`),
+        svg('text', { x: 8, y: 36, class: 'sub state-text counts' }, counts.length > 34 ? counts.slice(0, 33) + '…' : counts),
+        svg('text', { x: 8, y: 49, class: 'sub' },
+          `${s.attempts.length} attempts · ${dollarsMicros(s.members.reduce((t, m) => t + stageCost(m), 0))}`));
+      g.addEventListener('click', () => { expanded.add(s.name); if (redrawDag) redrawDag(); });
+      root.append(g);
+      continue;
+    }
     const g = svg('g', { class: 'node', 'data-stage': s.name, 'data-state': s.state,
       'data-live-changes': liveChanges.get(s.name) || null, transform: `translate(${p.x},${p.y})` },
       svg('title', {}, `${s.name}: ${s.state}` + (s.last_message ? ` — ${s.last_message}` : '')),
@@ -234,7 +300,7 @@ function drawDag(run) {
 function drawTimeline(run) {
   const attempts = [];
   for (const s of run.stages) for (const a of s.attempts) attempts.push({ stage: s.name, ...a });
-  const starts = attempts.map(a => Date.parse(a.started_at)).filter(x => !isNaN(x));
+  const starts = attempts.map(a => Date.parse(a.queued_at || a.started_at)).filter(x => !isNaN(x));
   if (starts.length === 0) return el('p', { class: 'muted', id: 'timeline' }, 'no attempts yet');
   const now = Date.now();
   const ends = attempts.map(a => a.finished_at ? Date.parse(a.finished_at) : now);
@@ -257,6 +323,13 @@ function drawTimeline(run) {
     const bx = x(s), bw = Math.max(3, x(e) - x(s));
     const tip = `${a.stage} attempt ${a.attempt}: ${outcome} on ${a.instance_type} (${a.market}), ` +
       `${a.sim_hours.toFixed(2)} sim h, ${dollars(a.cost_usd)}` + (a.message ? ` — ${a.message}` : '');
+    // Queue wait: from the stage becoming ready to this attempt starting, drawn before its bar.
+    const q = a.queued_at ? Date.parse(a.queued_at) : NaN;
+    if (!isNaN(q) && q < s) {
+      root.append(svg('rect', { class: 'wait', 'data-stage': a.stage, 'data-attempt': a.attempt,
+        'data-wait-seconds': ((s - q) / 1000).toFixed(3), x: x(q), y: y + 3, width: Math.max(1, x(s) - x(q)), height: LANE - 14 },
+        svg('title', {}, `${a.stage} attempt ${a.attempt}: waited ${duration((s - q) / 1000)} for a worker`)));
+    }
     root.append(svg('rect', {
       class: `attempt outcome-${outcome} market-${a.market}`, 'data-stage': a.stage,
       'data-attempt': a.attempt, 'data-outcome': outcome, x: bx, y, width: bw, height: LANE - 8,
@@ -264,6 +337,20 @@ function drawTimeline(run) {
     if (outcome === 'spot_interruption' || outcome === 'capacity_unavailable' || outcome === 'lost')
       root.append(svg('text', { class: 'interruption', 'data-stage': a.stage, 'data-outcome': outcome,
         x: bx + bw + 2, y: y + 12 }, '✕', svg('title', {}, tip)));
+    // Its last checkpoint, when it ended before finishing: the work after it (the wasted share
+    // of its cost) was lost; the next attempt resumes from it.
+    const lostShare = a.cost_usd > 0 ? Math.min(1, (a.wasted_usd || 0) / a.cost_usd) : 0;
+    if (a.outcome && a.outcome !== 'succeeded' && a.outcome !== 'cached' && a.progress_to > a.progress_from) {
+      const cx = bx + bw * (1 - lostShare);
+      root.append(svg('line', { class: 'checkpoint', 'data-stage': a.stage, 'data-attempt': a.attempt,
+        'data-progress': a.progress_to.toFixed(4), x1: cx, x2: cx, y1: y - 2, y2: y + LANE - 6 },
+        svg('title', {}, `${a.stage} attempt ${a.attempt}: last checkpoint at ${(100 * a.progress_to).toFixed(1)}%` +
+          (lostShare > 0 ? `; ${dollars(a.wasted_usd)} of work after it was lost` : ''))));
+    }
+    if (a.progress_from > 0)
+      root.append(svg('text', { class: 'resume', 'data-stage': a.stage, 'data-attempt': a.attempt,
+        'data-progress': a.progress_from.toFixed(4), x: bx + 2, y: y + 11 }, '↻',
+        svg('title', {}, `${a.stage} attempt ${a.attempt}: resumed from its checkpoint at ${(100 * a.progress_from).toFixed(1)}%`)));
   }
   root.append(svg('text', { x: LABEL, y: height - 4, class: 'sub' }, new Date(t0).toISOString().slice(11, 19) + ' UTC'));
   root.append(svg('text', { x: LABEL + W - 60, y: height - 4, class: 'sub' }, new Date(t1).toISOString().slice(11, 19)));
@@ -300,8 +387,87 @@ function actions(run) {
     note);
 }
 
+// The log of a run: stage's attempt, tailed: each read asks /api/runs/ID/log for what follows
+// the bytes it has and appends them; it reads again every second (and at once when the stage
+// changes) until the attempt has ended and the whole file is shown.
+function logPanel(id) {
+  const q = new URLSearchParams(location.search);
+  const pick = el('select', { id: 'log-pick' });
+  const text = el('pre', { id: 'log-text', class: 'log' });
+  const note = el('p', { class: 'muted', id: 'log-note' });
+  const panel = el('div', { id: 'logs' }, el('h2', {}, 'Logs'), pick, note, text);
+  let current = null, offset = 0, reads = 0, timer = null, busy = false, stages = [];
+  const choose = (stage, attempt) => {
+    current = { stage, attempt };
+    offset = 0; reads = 0;
+    text.textContent = '';
+    for (const k of ['data-stage', 'data-attempt', 'data-complete', 'data-reads']) text.removeAttribute(k);
+    text.setAttribute('data-stage', stage);
+    text.setAttribute('data-attempt', attempt);
+    note.textContent = '';
+    clearTimeout(timer);
+    read();
+  };
+  const read = async () => {
+    if (!current || busy) return;
+    busy = true;
+    const want = current;
+    try {
+      const p = new URLSearchParams({ stage: want.stage, attempt: want.attempt, offset });
+      const r = await api(`/api/runs/${id}/log?${p}`);
+      if (want !== current) return;
+      reads++;
+      text.setAttribute('data-reads', reads);
+      if (r.available) {
+        if (r.text) text.append(document.createTextNode(r.text));
+        offset = r.next_offset;
+        note.textContent = `${want.stage} attempt ${want.attempt}: ${r.outcome || 'running'}, ${offset} bytes`;
+      } else {
+        note.textContent = r.path ? `not on this host: ${r.path} (its worker's TRNFLOW_HOME)` : 'no log yet';
+      }
+      const more = r.available && r.next_offset < r.size;
+      text.setAttribute('data-complete', r.complete ? 'true' : 'false');
+      if (more) timer = setTimeout(read, 0);
+      else if (!r.complete && LIVE) timer = setTimeout(read, 1000);
+    } catch (e) {
+      note.textContent = 'log: ' + e.message;
+    } finally {
+      busy = false;
+    }
+  };
+  pick.addEventListener('change', () => { const [st, at] = JSON.parse(pick.value); choose(st, at); });
+  return {
+    panel,
+    // Called with each reading of the run: the choice of logs, and the first one to show (the
+    // URL's ?log=STAGE, else a running run: stage, else the last that ran).
+    update(run) {
+      const runStages = run.stages.filter(s => s.kind === 'run' && s.attempts.length > 0);
+      const key = runStages.map(s => s.name + ':' + s.attempts.length).join('|');
+      if (key !== stages) {
+        stages = key;
+        const value = current ? JSON.stringify([current.stage, current.attempt]) : null;
+        pick.replaceChildren(...runStages.flatMap(s => s.attempts.map(a =>
+          el('option', { value: JSON.stringify([s.name, a.attempt]) }, `${s.name} · attempt ${a.attempt}${a.outcome ? '' : ' (running)'}`))));
+        if (value) pick.value = value;
+      }
+      panel.hidden = runStages.length === 0;
+      if (!current && runStages.length > 0) {
+        const wanted = runStages.find(s => s.name === q.get('log')) || runStages.find(s => s.state === 'running') ||
+          runStages[runStages.length - 1];
+        const a = wanted.attempts[wanted.attempts.length - 1];
+        pick.value = JSON.stringify([wanted.name, a.attempt]);
+        choose(wanted.name, a.attempt);
+      }
+    },
+    changed(stage) { if (current && current.stage === stage) { clearTimeout(timer); read(); } },
+  };
+}
+
 async function pageRun(main, id) {
+  const logs = logPanel(id);
+  let last = null;
   const draw = run => {
+    last = run;
     const r = run.run;
     let total = 0, wasted = 0, attempts = 0, interruptions = 0;
     for (const s of run.stages) {
@@ -323,10 +489,14 @@ async function pageRun(main, id) {
         el('div', { class: 'card' }, 'Created', el('b', {}, r.created_at))),
       actions(run),
       el('h2', {}, 'Stages'), drawDag(run),
+      el('p', { class: 'muted' }, 'A matrix stage is one box with how many of its expansions are in each state; click it to show them.'),
       el('h2', {}, 'Timeline'),
       el('div', { class: 'legend' },
-        el('span', {}, el('i', { style: null, class: 'lg-ok' }), 'one bar per attempt; dashed outline: spot; ✕: interrupted')),
+        el('span', {}, el('i', { class: 'lg-wait' }), 'waiting for a worker (ready → started)'),
+        el('span', {}, el('i', { class: 'lg-ok' }), 'running, one bar per attempt; dashed outline: spot'),
+        el('span', {}, '✕ interrupted'), el('span', {}, '| last checkpoint'), el('span', {}, '↻ resumed from a checkpoint')),
       drawTimeline(run),
+      logs.panel,
       el('h2', {}, 'Attempts'),
       sortableTable('attempts', [
         { key: 'stage', label: 'Stage' }, { key: 'attempt', label: '#', num: true },
@@ -337,13 +507,16 @@ async function pageRun(main, id) {
         { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
         { key: 'message', label: 'Why' }],
         run.stages.flatMap(s => s.attempts.map(a => ({ stage: s.name, ...a })))));
+    logs.update(run);
   };
+  redrawDag = () => { if (last) draw(last); };
   const load = async () => draw(await api('/api/runs/' + id));
   await load();
   const reload = debounce(load, 400);
   refresh = load;
   onChange(c => {
     if (c.run_id !== id) return;
+    if (c.stage) logs.changed(c.stage);
     if (c.stage) {
       // The node changes at once; dollars and attempts follow with the next read.
       const node = document.querySelector(`#dag .node[data-stage="${CSS.escape(c.stage)}"]`);
@@ -364,6 +537,51 @@ async function pageSpend(main) {
   for (const k of ['project', 'pipeline', 'since', 'until']) if (q.get(k)) base.set(k, q.get(k));
   main.replaceChildren(el('h1', {}, 'Spend'),
     el('p', { class: 'muted' }, 'Closed attempts from the ledger, the figures of `trnflow spend`; running attempts join when they end.'));
+
+  // Budgets: what each period has spent (running attempts included, as `trnflow budget ls`),
+  // the running part of it, and where the month is heading (docs/serve.md: the forecast).
+  const budgets = await api('/api/budgets');
+  if (budgets.length > 0) {
+    const bid = key => r => `budget-${r.project}-${key}`;
+    main.append(el('h2', {}, 'Budgets'),
+      el('p', { class: 'muted' }, 'Forecast: the period\'s end at its rate so far; the range is one standard deviation of daily spend over the days left.'),
+      sortableTable('budgets', [
+        { key: 'project', label: 'Project' }, { key: 'period', label: 'Period' },
+        { key: 'budget_usd', label: 'Budget', num: true, fmt: dollars, id: bid('budget_usd') },
+        { key: 'spent_usd', label: 'Spent', num: true, fmt: dollars, id: bid('spent_usd') },
+        { key: 'committed_usd', label: 'of which running', num: true, fmt: dollars, id: bid('committed_usd') },
+        { key: 'remaining_usd', label: 'Left', num: true, fmt: dollars, id: bid('remaining_usd') },
+        { key: 'used', label: 'Used', num: true, sort: r => r.spent_usd / r.budget_usd,
+          fmt: (v, r) => Math.round(100 * r.spent_usd / r.budget_usd) + '%' },
+        { key: 'forecast_usd', label: 'Forecast', num: true, id: bid('forecast_usd'),
+          fmt: (v, r) => el('span', { class: r.forecast_usd > r.budget_usd ? 'budget-over' : null }, dollars(v)) },
+        { key: 'forecast_low_usd', label: 'Range', num: true, id: bid('forecast_range'),
+          fmt: (v, r) => `${dollars(r.forecast_low_usd)} to ${dollars(r.forecast_high_usd)}` },
+      ], budgets));
+  }
+
+  // Savings: what spot, the cache and Neuron saved (`trnflow spend --savings`).
+  const savings = await api('/api/savings?' + base);
+  if (savings.length > 0) {
+    const keys = ['spot_cost_usd', 'spot_on_demand_usd', 'spot_saved_usd', 'cache_saved_usd', 'cost_usd', 'gpu_baseline_usd', 'gpu_saved_usd'];
+    const total = { project: 'total', cache_hits: 0 };
+    for (const k of keys) total[k] = 0;
+    for (const r of savings) { for (const k of keys) total[k] += micros(r[k]); total.cache_hits += r.cache_hits; }
+    for (const k of keys) total[k] = dollarsMicros(total[k]);
+    main.append(el('h2', {}, 'Savings'),
+      el('p', { class: 'muted' }, 'Spot: the on-demand price of the same billed time, less what spot cost. Cache: what the stages it served would have cost. Neuron: the same work on p4d.24xlarge GPUs, less what it cost.'),
+      sortableTable('savings', [
+        { key: 'project', label: 'Project' },
+        { key: 'spot_cost_usd', label: 'Spot cost', num: true, fmt: dollars },
+        { key: 'spot_on_demand_usd', label: 'Same on-demand', num: true, fmt: dollars },
+        { key: 'spot_saved_usd', label: 'Spot saved', num: true, fmt: dollars },
+        { key: 'cache_hits', label: 'Cache hits', num: true },
+        { key: 'cache_saved_usd', label: 'Cache saved', num: true, fmt: dollars },
+        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+        { key: 'gpu_baseline_usd', label: 'On GPUs (p4d)', num: true, fmt: dollars },
+        { key: 'gpu_saved_usd', label: 'Neuron saved', num: true, fmt: dollars },
+      ], savings, total));
+  }
   const groups = [['project', 'By project'], ['pipeline', 'By pipeline'], ['instance', 'By instance'],
     ['month', 'By month'], ['day', 'By day']];
   for (const [by, title] of groups) {

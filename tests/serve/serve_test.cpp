@@ -37,6 +37,7 @@ using testing::Daemon;
 using testing::RunTrnflow;
 using testing::TestDatabase;
 using testing::Query;
+using testing::QueryNumber;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
@@ -85,7 +86,8 @@ std::string ReadFile(const std::string& path) {
 int StartServe(std::unique_ptr<Daemon>& d, const std::string& name,
                std::vector<std::string> args) {
   args.insert(args.begin(), {"serve", "--listen", "127.0.0.1:0"});
-  d = std::make_unique<Daemon>(name, args);
+  d = std::make_unique<Daemon>(name, args,
+                               std::vector<std::string>{"TRNFLOW_HOME=" + testing::CliHome()});
   d->Start();
   int port = 0;
   std::regex re(R"(listening on http://127\.0\.0\.1:(\d+)/)");
@@ -118,6 +120,19 @@ nlohmann::json Json(const std::string& text) {
   auto j = nlohmann::json::parse(text, nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << text;
   return j;
+}
+
+// Rows of a query as the test database's owner, each a list of text fields.
+std::vector<std::vector<std::string>> Rows(const std::string& sql) {
+  auto rows = nlohmann::ordered_json::parse(
+      Query("SELECT coalesce(json_agg(to_json(x)), '[]')::text FROM (" + sql + ") x"));
+  std::vector<std::vector<std::string>> out;
+  for (const auto& r : rows) {
+    std::vector<std::string> fields;
+    for (const auto& v : r) fields.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+    out.push_back(std::move(fields));
+  }
+  return out;
 }
 
 nlohmann::json CliJson(const std::string& args) {
@@ -288,8 +303,11 @@ class Serve : public ::testing::Test {
     other_run_ = RunIdFrom(r.out);
     auto sched = RunTrnflow("schedule add nightly examples/climate/pipeline.yaml --cron '0 2 * * *'");
     ASSERT_EQ(sched.exit_code, 0) << sched.err;
-    worker_ = std::make_unique<Daemon>("serve-worker", std::vector<std::string>{
-                                                           "worker", "--pool", "cpu=2"});
+    // Its TRNFLOW_HOME is this test's (the CLI's), not the machine's: logs of run 1 of another
+    // test's database must not be found under this run 1.
+    worker_ = std::make_unique<Daemon>(
+        "serve-worker", std::vector<std::string>{"worker", "--pool", "cpu=2"},
+        std::vector<std::string>{"TRNFLOW_HOME=" + testing::CliHome()});
     worker_->Start();
     ASSERT_TRUE(WaitFor([] { return CliJson("workers --format json").size() == 1; }, 30));
     // Event streams of the local dashboard end every 2 s and resume (as browsers do), so headless
@@ -360,7 +378,7 @@ TEST_F(Serve, TheApiAnswersWhatTheCliPrints) {
 
 TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   Http m = Get(port_, "/metrics");
-  ASSERT_EQ(m.status, 200);
+  ASSERT_EQ(m.status, 200) << m.body << ReadFile(serve_->log_path());
   std::string file = WriteTempFile("metrics.txt", m.body);
   Shell check = Sh("promtool check metrics < " + file);
   EXPECT_EQ(check.code, 0) << check.out << "\n" << m.body;
@@ -389,6 +407,80 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   EXPECT_EQ(sample(R"(trnflow_workers{state="live"})"), 1);
   EXPECT_NE(m.body.find("# TYPE trnflow_spend_usd_total counter"), std::string::npos);
   EXPECT_NE(m.body.find("# TYPE trnflow_queue_ready_stages gauge"), std::string::npos) << m.body;
+
+  // Histograms from the ledger: attempt durations by pool and outcome, queue waits by pool.
+  EXPECT_NE(m.body.find("# TYPE trnflow_attempt_duration_seconds histogram"), std::string::npos);
+  EXPECT_NE(m.body.find("# TYPE trnflow_queue_wait_seconds histogram"), std::string::npos);
+  auto by_pool_outcome = Rows(
+      "SELECT s.pool, a.outcome, count(*), "
+      "sum(greatest(0, extract(epoch FROM a.finished_at - a.started_at))) "
+      "FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id "
+      "WHERE a.outcome IS NOT NULL GROUP BY 1, 2");
+  ASSERT_GE(by_pool_outcome.size(), 3u) << "several pools and outcomes (an interruption too)\n"
+                                         << Query("SELECT string_agg(outcome, ',') FROM trnflow.attempts");
+  for (const auto& row : by_pool_outcome) {
+    std::string labels = "outcome=\"" + row[1] + "\",pool=\"" + row[0] + "\"";
+    double count = sample("trnflow_attempt_duration_seconds_count{" + labels + "}");
+    EXPECT_EQ(count, std::stod(row[2])) << labels;
+    EXPECT_NEAR(sample("trnflow_attempt_duration_seconds_sum{" + labels + "}"), std::stod(row[3]),
+                1e-3);
+    EXPECT_EQ(sample("trnflow_attempt_duration_seconds_bucket{" + labels + ",le=\"+Inf\"}"), count);
+    // Cumulative: each bucket holds at least the one before it.
+    std::regex bucket("\ntrnflow_attempt_duration_seconds_bucket\\{" +
+                      std::regex_replace(labels, std::regex(R"([{}\[\]().*+?^$|\\])"), "\\$&") +
+                      R"re(,le="([^"]+)"\} ([0-9.e+-]+))re");
+    double previous = -1;
+    int buckets = 0;
+    for (auto it = std::sregex_iterator(m.body.begin(), m.body.end(), bucket);
+         it != std::sregex_iterator(); ++it, ++buckets) {
+      EXPECT_GE(std::stod((*it)[2]), previous) << labels << " le=" << (*it)[1];
+      previous = std::stod((*it)[2]);
+    }
+    EXPECT_EQ(buckets, 14) << labels;
+  }
+  double waits = QueryNumber("SELECT count(*) FROM trnflow.attempts WHERE queued_at IS NOT NULL");
+  ASSERT_GT(waits, 0) << "claims record when the stage became ready";
+  EXPECT_EQ(waits, QueryNumber("SELECT count(*) FROM trnflow.attempts"))
+      << "every attempt claimed since 0015 has queued_at";
+  double counted = 0;
+  for (const auto& row : Rows("SELECT DISTINCT s.pool FROM trnflow.attempts a JOIN trnflow.stages "
+                              "s ON s.id = a.stage_id"))
+    counted += sample("trnflow_queue_wait_seconds_count{pool=\"" + row[0] + "\"}");
+  EXPECT_EQ(counted, waits);
+  // Schedule lag: the nightly schedule is on time (its next slot is ahead)...
+  EXPECT_EQ(sample(R"(trnflow_schedule_lag_seconds{schedule="nightly"})"), 0);
+
+  // ...until no scheduler fires it: with its last fired slot three days back, the slot after
+  // it (2:00 two days ago, at least) is more than a day overdue.
+  Query("UPDATE trnflow.schedules SET last_slot = now() - interval '3 days' WHERE name = 'nightly'");
+  // A budget: its forecast, band and what running attempts have committed.
+  auto set = RunTrnflow("budget set climate-lab 5000");
+  ASSERT_EQ(set.exit_code, 0) << set.out << set.err;
+  Http later = Get(port_, "/metrics");
+  ASSERT_EQ(later.status, 200) << later.body << ReadFile(serve_->log_path());
+  std::string later_file = WriteTempFile("metrics-later.txt", later.body);
+  Shell later_check = Sh("promtool check metrics < " + later_file);
+  EXPECT_EQ(later_check.code, 0) << later_check.out << "\n" << later.body;
+  auto later_sample = [&](const std::string& series) {
+    std::smatch x;
+    std::string escaped = std::regex_replace(series, std::regex(R"([{}\[\]().*+?^$|\\])"), "\\$&");
+    EXPECT_TRUE(std::regex_search(later.body, x, std::regex("\n" + escaped + " ([0-9.e+-]+)\n")))
+        << series << " not in\n" << later.body;
+    return x.empty() ? -1.0 : std::stod(x[1]);
+  };
+  EXPECT_GT(later_sample(R"(trnflow_schedule_lag_seconds{schedule="nightly"})"), 86400);
+  auto budget = CliJson("budget ls --format json");
+  ASSERT_EQ(budget.size(), 1u) << budget.dump();
+  const std::string bl = R"({period="month",project="climate-lab"})";
+  double forecast = later_sample("trnflow_budget_forecast_usd" + bl);
+  EXPECT_GT(forecast, 0);
+  EXPECT_NEAR(forecast, budget[0]["forecast_usd"].get<double>(), 0.01 * forecast);
+  EXPECT_LE(later_sample("trnflow_budget_forecast_low_usd" + bl), forecast);
+  EXPECT_GE(later_sample("trnflow_budget_forecast_high_usd" + bl), forecast);
+  EXPECT_GE(later_sample("trnflow_budget_forecast_low_usd" + bl),
+            budget[0]["spent_usd"].get<double>() - 1e-6)
+      << "the band never goes under what is spent";
+  EXPECT_EQ(later_sample("trnflow_budget_committed_usd" + bl), 0) << "nothing runs";
 
   // The counters are sums over the ledger: a restarted dashboard reports the same figures.
   serve_.reset();
@@ -454,8 +546,8 @@ TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
 TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   std::string run = std::to_string(climate_run_);
   std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
-                               "?live=0",
-                           "run-" + run + ".png");
+                               "?live=0&expand=all",
+                           "run-" + run + "-expanded.png");
   auto show = CliJson("show " + run + " --format json");
   ASSERT_EQ(show["stages"].size(), 10u);
   for (const auto& s : show["stages"]) {
@@ -483,6 +575,62 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
       << table.out;
   EXPECT_EQ(ById(dom, "run-cost"), spent[1]);
   EXPECT_EQ(ById(dom, "run-interruptions"), "1");
+
+  // Queue wait: one bar per attempt that waited, as long as the ledger says it waited.
+  auto waited = Rows("SELECT s.name, a.attempt, extract(epoch FROM a.started_at - a.queued_at) "
+                     "FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id "
+                     "WHERE a.run_id = " + run + " AND a.started_at > a.queued_at + "
+                     "interval '1 millisecond'");
+  ASSERT_FALSE(waited.empty()) << "stages wait for the worker at least a moment";
+  std::regex wait_bar(R"re(<rect class="wait" data-stage="([^"]+)" data-attempt="(\d+)" data-wait-seconds="([0-9.]+)")re");
+  std::map<std::string, double> drawn;
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), wait_bar); it != std::sregex_iterator();
+       ++it)
+    drawn[(*it)[1].str() + "#" + (*it)[2].str()] = std::stod((*it)[3]);
+  EXPECT_EQ(drawn.size(), waited.size()) << dom.substr(dom.find("id=\"timeline\""), 3000);
+  for (const auto& w : waited) {
+    auto it = drawn.find(w[0] + "#" + w[1]);
+    ASSERT_NE(it, drawn.end()) << w[0] << " attempt " << w[1];
+    EXPECT_NEAR(it->second, std::stod(w[2]), 0.002) << w[0];
+  }
+  // Checkpoints: the interrupted training attempt's last one, and the resume from it.
+  double checkpoint = QueryNumber(
+      "SELECT a.progress_to FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id "
+      "WHERE a.run_id = " + run + " AND s.name = 'train' AND a.attempt = 1");
+  ASSERT_GT(checkpoint, 0);
+  char progress[32];
+  std::snprintf(progress, sizeof progress, "%.4f", checkpoint);
+  EXPECT_NE(dom.find(std::string(R"re(<line class="checkpoint" data-stage="train" data-attempt="1" data-progress=")re") +
+                     progress + "\""),
+            std::string::npos)
+      << dom.substr(0, 3000);
+  EXPECT_NE(dom.find(std::string(R"re(<text class="resume" data-stage="train" data-attempt="2" data-progress=")re") +
+                     progress + "\""),
+            std::string::npos);
+
+  // Collapsed (the default): the six compile expansions are one node with their counts.
+  std::string collapsed = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
+                                     "?live=0",
+                                 "run-" + run + ".png");
+  std::map<std::string, int> counts;
+  for (const auto& st : show["stages"])
+    if (st["name"].get<std::string>().rfind("compile[", 0) == 0) ++counts[st["state"]];
+  ASSERT_EQ(counts.size() > 0, true);
+  std::string want_counts;
+  for (const char* k : {"succeeded", "cached", "running", "ready", "retry_wait", "blocked", "failed",
+                        "skipped", "cancelled"})
+    if (counts.count(k))
+      want_counts += (want_counts.empty() ? "" : ",") + std::string(k) + ":" + std::to_string(counts[k]);
+  EXPECT_TRUE(std::regex_search(
+      collapsed, std::regex(R"re(<g class="node matrix" data-stage="compile" data-state="[a-z_]+" data-count="6" data-counts=")re" +
+                            want_counts + "\"")))
+      << want_counts << "\n" << collapsed.substr(0, 4000);
+  EXPECT_EQ(collapsed.find("<g class=\"node\" data-stage=\"compile["), std::string::npos)
+      << "no node of one expansion (the timeline keeps a lane each)";
+  std::regex nodes(R"(<g class="node)");
+  EXPECT_EQ(std::distance(std::sregex_iterator(collapsed.begin(), collapsed.end(), nodes),
+                          std::sregex_iterator()),
+            5) << "prepare, train, compile ×6, serve, evaluate";
 }
 
 TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
@@ -506,8 +654,55 @@ TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
 }
 
 TEST_F(Serve, TheSpendPageEqualsTrnflowSpendToTheCent) {
+  ASSERT_EQ(RunTrnflow("budget set climate-lab 5000").exit_code, 0);
+  // The climate example again: its compiles are answered by the cache this time. (Its last
+  // stage may fail: the worker daemon, with a TRNFLOW_HOME of its own, may have prepared the
+  // data it reads. Spent is spent either way.)
+  auto again = RunTrnflow("run examples/climate/pipeline.yaml --speed 200000");
+  ASSERT_NE(again.out.find(": cached"), std::string::npos) << again.out << again.err;
   std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/spend?live=0",
                            "spend.png");
+  // The savings, broken down: `trnflow spend --savings`'s total line, to the cent.
+  auto savings = RunTrnflow("spend --savings");
+  ASSERT_EQ(savings.exit_code, 0) << savings.err;
+  auto total = Dollars(savings.out, "total");
+  ASSERT_EQ(total.size(), 7u) << savings.out;
+  const char* keys[] = {"spot_cost_usd", "spot_on_demand_usd", "spot_saved_usd", "cache_saved_usd",
+                        "cost_usd", "gpu_baseline_usd", "gpu_saved_usd"};
+  for (size_t i = 0; i < 7; ++i)
+    EXPECT_EQ(ById(dom, std::string("savings-total-") + keys[i]), total[i]) << keys[i];
+  EXPECT_NE(total[2], "$0.00") << "the spot training saved something";
+  EXPECT_NE(total[3], "$0.00") << "the compile cache answered some";
+  auto sj = CliJson("spend --savings --format json");
+  int64_t hits = 0;
+  for (const auto& r : sj) hits += r["cache_hits"].get<int64_t>();
+  EXPECT_EQ(ById(dom, "savings-total-cache_hits"), std::to_string(hits));
+  EXPECT_EQ(hits, QueryNumber("SELECT count(*) FROM trnflow.attempts WHERE outcome = 'cached'"));
+  // The same savings from the API as the CLI prints them.
+  EXPECT_EQ(Json(Get(port_, "/api/savings").body), sj);
+  // Budgets: spent (running included) and its running part, as `trnflow budget ls`, to the cent;
+  // the forecast moves with the clock, so to within a cent.
+  auto table = RunTrnflow("budget ls");
+  auto cells = Dollars(table.out, "climate-lab");
+  ASSERT_GE(cells.size(), 5u) << table.out;
+  EXPECT_EQ(ById(dom, "budget-climate-lab-budget_usd"), cells[0]);
+  EXPECT_EQ(ById(dom, "budget-climate-lab-spent_usd"), cells[1]);
+  EXPECT_EQ(ById(dom, "budget-climate-lab-remaining_usd"), cells[2]);
+  EXPECT_EQ(ById(dom, "budget-climate-lab-committed_usd"), cells[3]);
+  auto b = CliJson("budget ls --format json");
+  ASSERT_EQ(b.size(), 1u);
+  std::smatch f;
+  std::string forecast = dom;
+  ASSERT_TRUE(std::regex_search(forecast, f, std::regex(R"re(id="budget-climate-lab-forecast_usd"><span[^>]*>\$([0-9,.]+)<)re")))
+      << dom.substr(0, 3000);
+  EXPECT_NEAR(std::stod(std::regex_replace(f[1].str(), std::regex(","), "")),
+              b[0]["forecast_usd"].get<double>(), 0.011);
+  EXPECT_GT(b[0]["forecast_usd"].get<double>(), b[0]["spent_usd"].get<double>())
+      << "the month is not over: more will be spent at this rate";
+  EXPECT_LE(b[0]["forecast_low_usd"].get<double>(), b[0]["forecast_usd"].get<double>());
+  EXPECT_GE(b[0]["forecast_high_usd"].get<double>(), b[0]["forecast_usd"].get<double>());
+  EXPECT_FALSE(ById(dom, "budget-climate-lab-forecast_range").empty());
+
   for (const std::string by : {"project", "instance", "month"}) {
     auto r = RunTrnflow("spend --by " + by);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -643,6 +838,110 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
   EXPECT_TRUE(clients(0)) << "closed streams give their place back";
 }
 
+// A stream that resumes from far behind (more than the hub keeps and more than one page of
+// the catalog) gets every change in order, none skipped between the catalog's pages and the
+// hub's newest changes.
+TEST_F(Serve, AStreamFarBehindCatchesUpWithoutLosingChanges) {
+  // The proxy dashboard's streams last 300 s: one opened now follows the hub alone (no resume
+  // from the catalog), so when it has seen the last change, the hub holds it too.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  std::atomic<int64_t> last{0};
+  Sse live;
+  std::thread follower([&] {
+    live = ReadEvents(
+        proxy_port_, alice,
+        [&](const Sse& x) { return last > 0 && !x.ids.empty() && x.ids.back() >= last; }, 120);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(proxy_port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      30));
+  Query("INSERT INTO trnflow.changes (project, run_id, stage, state) SELECT 'other-lab', " +
+        std::to_string(other_run_) + ", 'x' || g, 'running' FROM generate_series(1, 30000) g");
+  Query("SELECT pg_notify('trnflow_changes', (SELECT max(id) FROM trnflow.changes)::text)");
+  last = std::stoll(Query("SELECT max(id) FROM trnflow.changes"));
+  follower.join();
+  ASSERT_FALSE(live.ids.empty());
+  ASSERT_EQ(live.ids.back(), last.load()) << "the hub has read them all";
+  // Now from the very beginning: three pages from the catalog and then the hub's newest.
+  int64_t total = std::stoll(Query("SELECT count(*) FROM trnflow.changes WHERE project = 'other-lab'"));
+  ASSERT_GT(total, 30000);
+  httplib::Headers from_start = alice;
+  from_start.emplace("Last-Event-ID", "0");
+  Sse all = ReadEvents(proxy_port_, from_start,
+                       [&](const Sse& x) { return !x.ids.empty() && x.ids.back() >= last; }, 120);
+  ASSERT_EQ(all.status, 200);
+  ASSERT_FALSE(all.ids.empty());
+  EXPECT_EQ(all.ids.back(), last.load());
+  EXPECT_TRUE(std::is_sorted(all.ids.begin(), all.ids.end()));
+  std::set<int64_t> distinct(all.ids.begin(), all.ids.end());
+  EXPECT_EQ(static_cast<int64_t>(distinct.size()), total) << "every change of hers, once";
+  EXPECT_EQ(static_cast<int64_t>(all.ids.size()), total);
+}
+
+// Change ids are handed out in the order statements run, not the order transactions commit.
+// A change whose transaction commits after one with a higher id still reaches a live stream,
+// in id order; an id burned by a rolled-back transaction does not hold the stream up.
+TEST_F(Serve, ChangesReachAStreamInCommitOrderNoneLost) {
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  auto id_of = [](const std::string& stage) {
+    std::string v = Query("SELECT id FROM trnflow.changes WHERE stage = '" + stage + "'");
+    return v.empty() ? int64_t{0} : std::stoll(v);
+  };
+  auto insert = [&](const std::string& stage) {
+    return "INSERT INTO trnflow.changes (project, run_id, stage, state) VALUES ('other-lab', " +
+           std::to_string(other_run_) + ", '" + stage + "', 'running'); ";
+  };
+  std::atomic<int64_t> want_last{0};
+  Sse live;
+  // The proxy dashboard's streams last 300 s: this one follows the hub, never the catalog.
+  std::thread follower([&] {
+    live = ReadEvents(
+        proxy_port_, alice,
+        [&](const Sse& x) {
+          return want_last > 0 && std::find(x.ids.begin(), x.ids.end(), want_last.load()) != x.ids.end();
+        },
+        60);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Get(proxy_port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      30));
+  auto sequence = [] { return std::stoll(Query("SELECT last_value FROM trnflow.changes_id_seq")); };
+  // A transaction takes an id and holds it (open for 4 s); another takes the next and commits.
+  int64_t before = sequence();
+  std::thread slow([&] {
+    Sh("psql '" + TestDatabase::owner_url() + "' -q -v ON_ERROR_STOP=1 -c \"BEGIN; " +
+       insert("slow") + "SELECT pg_sleep(4); COMMIT;\" > /dev/null");
+  });
+  ASSERT_TRUE(WaitFor([&] { return sequence() > before; }, 30));
+  Query(insert("fast") + "SELECT pg_notify('trnflow_changes', '0')");
+  slow.join();
+  int64_t slow_id = id_of("slow"), fast_id = id_of("fast");
+  ASSERT_GT(slow_id, 0);
+  ASSERT_EQ(fast_id, slow_id + 1) << "the slow one took its id first, committed last";
+  // And an id taken by a transaction that rolls back, then one more change after it.
+  before = sequence();
+  Sh("psql '" + TestDatabase::owner_url() + "' -q -c \"BEGIN; " + insert("burned") +
+     "ROLLBACK;\" > /dev/null");
+  ASSERT_GT(sequence(), before);
+  Query(insert("after") + "SELECT pg_notify('trnflow_changes', '0')");
+  want_last = id_of("after");
+  follower.join();
+  ASSERT_EQ(live.status, 200);
+  auto at = [&](int64_t id) { return std::find(live.ids.begin(), live.ids.end(), id) - live.ids.begin(); };
+  ASSERT_LT(static_cast<size_t>(at(slow_id)), live.ids.size()) << "the change committed late arrived";
+  ASSERT_LT(static_cast<size_t>(at(fast_id)), live.ids.size());
+  EXPECT_LT(at(slow_id), at(fast_id)) << "in id order";
+  EXPECT_LT(static_cast<size_t>(at(want_last.load())), live.ids.size())
+      << "the rolled-back id did not hold the stream up";
+  EXPECT_TRUE(std::is_sorted(live.ids.begin(), live.ids.end()));
+}
+
 TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
   httplib::Headers alice = {{"X-Forwarded-User", alice_}};
   auto runs = Json(Get(proxy_port_, "/api/runs", alice).body);
@@ -686,6 +985,141 @@ TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
             403);
   // Her connections go back to the login's own role; alice again still sees only hers.
   EXPECT_EQ(Json(Get(proxy_port_, "/api/runs", alice).body).size(), 1u);
+}
+
+TEST_F(Serve, MetricsForAProxyUserCountOnlyWhatTheySee) {
+  // No user header: the monitoring system's view, everything (as before).
+  Http all = Get(proxy_port_, "/metrics");
+  ASSERT_EQ(all.status, 200) << all.body;
+  EXPECT_NE(all.body.find(R"(trnflow_spend_usd_total{project="climate-lab"})"), std::string::npos);
+  EXPECT_NE(all.body.find(R"(trnflow_spend_usd_total{project="other-lab"})"), std::string::npos);
+  // Alice's: computed as her role, so row-level security leaves out climate-lab.
+  Http hers = Get(proxy_port_, "/metrics", {{"X-Forwarded-User", alice_}});
+  ASSERT_EQ(hers.status, 200) << hers.body;
+  std::string file = WriteTempFile("metrics-alice.txt", hers.body);
+  Shell check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out << "\n" << hers.body;
+  EXPECT_EQ(hers.body.find("climate-lab"), std::string::npos) << hers.body;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      hers.body, m, std::regex(R"(\ntrnflow_spend_usd_total\{project="other-lab"\} ([0-9.e+-]+)\n)")))
+      << hers.body;
+  EXPECT_NEAR(std::stod(m[1]), std::stod(LedgerSum("other-lab")), 1e-6);
+  // Her attempts only: one run of one stage.
+  double attempts = 0;
+  std::regex attempts_re(R"(\ntrnflow_attempts_total\{[^}]*\} ([0-9.e+-]+))");
+  for (auto it = std::sregex_iterator(hers.body.begin(), hers.body.end(), attempts_re);
+       it != std::sregex_iterator(); ++it)
+    attempts += std::stod((*it)[1]);
+  EXPECT_EQ(attempts, QueryNumber("SELECT count(*) FROM trnflow.attempts a JOIN trnflow.runs r ON "
+                                  "r.id = a.run_id WHERE r.project = 'other-lab' AND a.outcome "
+                                  "IS NOT NULL"));
+  // A header naming someone it may not act as is refused, as for the API.
+  EXPECT_EQ(Get(proxy_port_, "/metrics", {{"X-Forwarded-User", "postgres"}}).status, 403);
+}
+
+// A run: stage that prints a line, waits for GATE, prints another and ends.
+constexpr char kTalky[] = R"(pipeline: talky
+project: climate-lab
+stages:
+  say:
+    run: ["bash", "-c", "echo 'line one'; while [ ! -e GATE ]; do sleep 0.2; done; echo 'line two'"]
+    instance: c6i.xlarge
+)";
+
+TEST_F(Serve, TheLogOfARunStageIsTailedForThoseWhoSeeTheRun) {
+  // A finished run: the API gives the log `trnflow logs` prints, whole.
+  std::string climate = std::to_string(climate_run_);
+  auto cli = CliJson("logs " + climate + " prepare --format json");
+  ASSERT_EQ(cli.size(), 1u) << cli.dump();
+  ASSERT_TRUE(cli[0]["text"].is_string()) << cli.dump();
+  Http whole = Get(port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=1");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  auto w = Json(whole.body);
+  EXPECT_EQ(w["text"], cli[0]["text"]);
+  EXPECT_FALSE(w["text"].get<std::string>().empty());
+  EXPECT_EQ(w["complete"], true);
+  EXPECT_EQ(w["next_offset"], w["size"]);
+  // From an offset: the rest only.
+  Http rest = Get(port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=1&offset=5");
+  EXPECT_EQ(Json(rest.body)["text"], cli[0]["text"].get<std::string>().substr(5));
+
+  // Nothing but what the catalog names: no such stage, attempt, run; names that try a path.
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=nope&attempt=1").status, 404);
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=9").status, 404);
+  EXPECT_EQ(Get(port_, "/api/runs/99999999/log?stage=prepare&attempt=1").status, 404);
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=..%2F..%2F..%2Fetc%2Fpasswd&attempt=1")
+                .status,
+            404);
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=..%2F1").status, 400);
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=prepare&offset=-1").status, 400);
+  EXPECT_EQ(Get(port_, "/api/runs/" + climate + "/log?stage=train&attempt=1").status, 400)
+      << "a train: stage writes no log";
+  // Only for those who see the run: alice (other-lab) does not see climate-lab's.
+  httplib::Headers alice = {{"X-Forwarded-User", alice_}};
+  EXPECT_EQ(Get(proxy_port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=1", alice).status,
+            404);
+  EXPECT_EQ(Get(proxy_port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=1").status, 401);
+
+  // A running stage: read what is there, then only what followed, as it grows.
+  std::string gate = fs::temp_directory_path() / ("trnflow-serve-log-gate-" + std::to_string(getpid()));
+  fs::remove(gate);
+  std::string yaml = std::regex_replace(std::string(kTalky), std::regex("GATE"), gate);
+  auto sub = RunTrnflow("submit " + WriteTempFile("talky.yaml", yaml) + " --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  std::string path = "/api/runs/" + run + "/log?stage=say";
+  nlohmann::json first;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        Http h = Get(port_, path);
+        if (h.status != 200) return false;
+        first = Json(h.body);
+        return first["text"] == "line one\n";
+      },
+      30))
+      << first.dump();
+  EXPECT_EQ(first["outcome"], nullptr);
+  EXPECT_EQ(first["complete"], false);
+  int64_t offset = first["next_offset"];
+  EXPECT_EQ(offset, 9);
+
+  // The page follows it: opened while the stage runs, it shows the second line once written.
+  std::string dom;
+  std::thread browser([&] {
+    dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run + "?log=say", "",
+                 30000);
+  });
+  bool watching = WaitFor(
+      [&] {
+        return Get(port_, "/metrics").body.find("\ntrnflow_serve_event_clients 1\n") !=
+               std::string::npos;
+      },
+      60);
+  std::ofstream(gate) << "go\n";
+  nlohmann::json next;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        next = Json(Get(port_, path + "&offset=" + std::to_string(offset)).body);
+        return next["complete"] == true;
+      },
+      30))
+      << next.dump();
+  EXPECT_EQ(next["text"], "line two\n") << "from the offset on: only what followed";
+  EXPECT_EQ(next["outcome"], "succeeded");
+  browser.join();
+  fs::remove(gate);
+  EXPECT_TRUE(watching);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      dom, m, std::regex(R"(<pre id="log-text" class="log" data-stage="say" data-attempt="1"([^>]*)>([^<]*)</pre>)")))
+      << dom.substr(0, 6000);
+  EXPECT_EQ(m[2], "line one\nline two\n");
+  EXPECT_NE(std::string(m[1]).find("data-complete=\"true\""), std::string::npos) << m[1];
+  std::smatch reads;
+  std::string attributes = m[1];
+  ASSERT_TRUE(std::regex_search(attributes, reads, std::regex(R"re(data-reads="(\d+)")re")));
+  EXPECT_GE(std::stoi(reads[1]), 2) << "it read more than once: it follows the file";
 }
 
 Http Post(int port, const std::string& path, const httplib::Headers& headers) {
