@@ -1,6 +1,6 @@
 // Watching stages from the dashboard: acting as a member (row-level security), which projects
-// a member sees or may write, the feed of stage state changes, and metrics. SQL:
-// queries/serve.sql.
+// a member sees or may write, the feed of stage state changes and its horizon, metrics, budget
+// forecasts, savings and queue waits. SQL: queries/serve.sql.
 #include <pqxx/pqxx>
 
 #include "schema/catalog.h"
@@ -84,6 +84,48 @@ std::vector<MetricRow> Catalog::Metrics() {
     for (const auto& row : impl_->Exec(tx, "Metrics"))
       out.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
                      row[2].is_null() ? 0.0 : row[2].as<double>()});
+    return out;
+  });
+}
+
+std::vector<BudgetForecastRow> Catalog::BudgetForecasts() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<BudgetForecastRow> out;
+    for (const auto& row : impl_->Exec(tx, "BudgetForecasts"))
+      out.push_back({row[0].as<std::string>(), row[1].as<std::string>(), MoneyOf(row[2]),
+                     MoneyOf(row[3]), MoneyOf(row[4]), MoneyOf(row[5]), MoneyOf(row[6]),
+                     MoneyOf(row[7])});
+    return out;
+  });
+}
+
+std::vector<SavingsRow> Catalog::Savings(const SpendQuery& q) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<SavingsRow> out;
+    for (const auto& row : impl_->Exec(tx, "Savings", q.project, q.pipeline, q.since, q.until))
+      out.push_back({row[0].as<std::string>(), MoneyOf(row[1]), MoneyOf(row[2]), MoneyOf(row[3]),
+                     row[4].as<int64_t>(), MoneyOf(row[5]), MoneyOf(row[6]), MoneyOf(row[7]),
+                     MoneyOf(row[8])});
+    return out;
+  });
+}
+
+Catalog::Horizon Catalog::TransactionHorizon() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto row = impl_->Exec(tx, "TransactionHorizon")[0];
+    return Horizon{row[0].as<int64_t>(), row[1].as<int64_t>()};
+  });
+}
+
+std::map<std::pair<int64_t, int>, std::string> Catalog::AttemptQueuedAt(int64_t run_id) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::map<std::pair<int64_t, int>, std::string> out;
+    for (const auto& row : impl_->Exec(tx, "AttemptQueuedAt", run_id))
+      out[{row[0].as<int64_t>(), row[1].as<int>()}] = row[2].as<std::string>();
     return out;
   });
 }
