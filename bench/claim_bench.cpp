@@ -26,6 +26,9 @@ namespace {
 
 struct Figures {
   double claim_p50, claim_p99, complete_p50, complete_p99, stages_per_s;
+  double slowest_ms;      // the slowest claim + complete of one batch
+  double first_ms;        // the first batch's
+  double slowest_share;   // share of the drain's time spent in its slowest 1% of batches
 };
 
 Figures Drain(schema::Catalog& c, int64_t ready, int batch) {
@@ -60,8 +63,16 @@ Figures Drain(schema::Catalog& c, int64_t ready, int batch) {
     completes.push_back(Ms(Clock::now() - t1));
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> rounds;  // claim + complete per batch (the last claim found nothing)
+  for (size_t i = 0; i < completes.size(); ++i) rounds.push_back(claims[i] + completes[i]);
+  double first = rounds.empty() ? 0 : rounds[0];
+  std::sort(rounds.rbegin(), rounds.rend());
+  double slowest = 0;
+  for (size_t i = 0; i < std::max<size_t>(1, rounds.size() / 100) && i < rounds.size(); ++i)
+    slowest += rounds[i];
   return {Percentile(claims, 0.5), Percentile(claims, 0.99), Percentile(completes, 0.5),
-          Percentile(completes, 0.99), done / seconds};
+          Percentile(completes, 0.99), done / seconds, rounds.empty() ? 0 : rounds[0], first,
+          slowest / (seconds * 1000)};
 }
 
 }  // namespace
@@ -107,6 +118,12 @@ int main(int argc, char** argv) {
                  full.complete_p99);
     std::fprintf(out, "%-28s %14.0f %14.0f\n", "stages/s (one worker)", empty.stages_per_s,
                  full.stages_per_s);
+    std::fprintf(out, "%-28s %14.1f %14.1f\n", "slowest batch (ms)", empty.slowest_ms,
+                 full.slowest_ms);
+    std::fprintf(out, "%-28s %14.1f %14.1f\n", "first batch (ms)", empty.first_ms,
+                 full.first_ms);
+    std::fprintf(out, "%-28s %13.0f%% %13.0f%%\n", "time in slowest 1% batches",
+                 100 * empty.slowest_share, 100 * full.slowest_share);
     InsertStages(c, 1000, "ready", false);
     c.QueryValue("ANALYZE trnflow.stages");
     // EXPLAIN returns rows; a session-local function folds them into one value.
