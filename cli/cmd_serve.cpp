@@ -20,6 +20,16 @@ std::string Param(const serve::ApiRequest& r, const std::string& name) {
   return it == r.params.end() ? "" : it->second;
 }
 
+// The filters /api/spend and /api/savings share with `trnflow spend`.
+SpendArgs SpendFilters(const serve::ApiRequest& r) {
+  SpendArgs s;
+  s.project = Param(r, "project");
+  s.pipeline = Param(r, "pipeline");
+  s.since = Param(r, "since");
+  s.until = Param(r, "until");
+  return s;
+}
+
 // A worker whose heartbeat is older than this is shown as stale (leases are 15 s by default
 // and renewed three times a lease).
 constexpr double kStaleAfterS = 60;
@@ -239,11 +249,7 @@ int CmdServe(const ServeArgs& a) {
     return j->dump();
   };
   o.views["spend"] = [](schema::Catalog& c, const serve::ApiRequest& r) {
-    SpendArgs s;
-    s.project = Param(r, "project");
-    s.pipeline = Param(r, "pipeline");
-    s.since = Param(r, "since");
-    s.until = Param(r, "until");
+    SpendArgs s = SpendFilters(r);
     s.by = Param(r, "by");
     return std::optional<std::string>(SpendJson(c, s).dump());
   };
@@ -260,12 +266,7 @@ int CmdServe(const ServeArgs& a) {
     return std::optional<std::string>(BudgetsJson(c).dump());
   };
   o.views["savings"] = [](schema::Catalog& c, const serve::ApiRequest& r) {
-    SpendArgs s;
-    s.project = Param(r, "project");
-    s.pipeline = Param(r, "pipeline");
-    s.since = Param(r, "since");
-    s.until = Param(r, "until");
-    return std::optional<std::string>(SavingsJson(c, s).dump());
+    return std::optional<std::string>(SavingsJson(c, SpendFilters(r)).dump());
   };
   o.views["log"] = [](schema::Catalog& c, const serve::ApiRequest& r) -> std::optional<std::string> {
     auto j = StageLogJson(c, r);

@@ -251,7 +251,7 @@ struct Worker::Impl {
           return;
         }
         pool->used -= reserved - Instances(claimed);
-        Start(cat, *pool, claimed);
+        RunClaimed(cat, *pool, claimed);
         if (!claimed.empty() && pool->used.load() < pool->config.capacity) more = true;
       }
       if (more) continue;
@@ -268,8 +268,8 @@ struct Worker::Impl {
 
   // Runs what a claim took (its instances already counted in the pool's `used`): budgeted
   // stages get their spend caps first; one that must wait for its budget is handed back.
-  void Start(std::unique_ptr<schema::Catalog>& cat, Pool& pool,
-             std::vector<schema::ClaimedStage>& claimed) {
+  void RunClaimed(std::unique_ptr<schema::Catalog>& cat, Pool& pool,
+                  std::vector<schema::ClaimedStage>& claimed) {
     ReserveBudgets(cat, claimed);
     for (auto& c : claimed) {
       if (c.budget_wait || !claiming) {
@@ -480,7 +480,7 @@ struct Worker::Impl {
         std::vector<schema::ClaimedStage> claimed;
         if (i < done.claimed.size()) claimed = std::move(done.claimed[i]);
         pool->used -= n - Instances(claimed);
-        if (!claimed.empty()) Start(cat, *pool, claimed);
+        if (!claimed.empty()) RunClaimed(cat, *pool, claimed);
       }
     }
   }
