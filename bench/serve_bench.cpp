@@ -1,10 +1,13 @@
 // serve_bench: the dashboard under load. A real `trnflow serve` (the binary) on a fresh
-// catalog; STREAMS browsers' worth of event streams (/api/events) open while a STAGES-stage
-// run executes on WORKERS no-op worker processes; meanwhile one client reads the run's page
-// and its JSON over and over, and the latencies are printed (p50, p99, max). Nothing is
-// asserted about time: it prints figures (bench/README.md).
+// catalog; STREAMS browsers open the run's page while a STAGES-stage run executes on WORKERS
+// no-op worker processes: each follows the event stream (/api/events) and, as the page does,
+// re-reads the run (collapsed, ?after= the newest change it was told of) when changes come,
+// at most every 500 ms. Meanwhile one more client reads the page, the run's whole JSON (the
+// CLI's `show --format json`) and a fresh collapsed reading over and over. The latencies are
+// printed (p50, p99, max). Nothing is asserted about time: it prints figures
+// (bench/README.md).
 // Usage: serve_bench [--stages 10000] [--streams 50] [--workers 2] [--capacity 128]
-//                    [--shape fan|chains]
+//                    [--shape fan|chains] [--keep 1]  (keep: leave the database, to study)
 // Prints a table on stderr and one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the
 // local PostgreSQL of ops/setup.sh.
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -55,7 +59,8 @@ int FreePort() {
 pid_t StartServe(const std::string& url, int port, int max_clients, const std::string& home) {
   std::vector<std::string> env = {"TRNFLOW_DATABASE_URL=" + url, "TRNFLOW_HOME=" + home};
   for (char** e = environ; *e; ++e)
-    if (std::string(*e).rfind("TRNFLOW_", 0) != 0) env.push_back(*e);
+    if (std::string(*e).rfind("TRNFLOW_", 0) != 0 || std::string(*e).rfind("TRNFLOW_LOG=", 0) == 0)
+      env.push_back(*e);
   std::vector<std::string> args = {TRNFLOW_BINARY, "serve", "--listen",
                                    "127.0.0.1:" + std::to_string(port), "--max-clients",
                                    std::to_string(max_clients)};
@@ -82,9 +87,11 @@ struct Latencies {
 };
 
 void Row(const char* what, const Latencies& l) {
-  std::fprintf(stderr, "%-28s %8zu %10.1f %10.1f %10.1f %8d\n", what, l.ms.size(),
+  std::fprintf(stderr, "%-28s %8zu %10.1f %10.1f %10.1f %8zd %8d\n", what, l.ms.size(),
                Percentile(l.ms, 0.5), Percentile(l.ms, 0.99),
-               l.ms.empty() ? 0.0 : *std::max_element(l.ms.begin(), l.ms.end()), l.errors);
+               l.ms.empty() ? 0.0 : *std::max_element(l.ms.begin(), l.ms.end()),
+               std::count_if(l.ms.begin(), l.ms.end(), [](double ms) { return ms > 200; }),
+               l.errors);
 }
 
 std::string Json(const char* name, const Latencies& l) {
@@ -114,7 +121,9 @@ int main(int argc, char** argv) {
     c.Migrate(sim::Catalog::Builtin());
     c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
   }
-  Latencies page, api;
+  Latencies page, api, fresh, browsers, opens;
+  std::mutex browsers_mu;
+  std::atomic<int64_t> run_id{0};
   std::atomic<int64_t> events{0};
   std::vector<int64_t> per_stream;  // change events each stream received
   std::atomic<int> open_streams{0}, refused{0};
@@ -149,6 +158,35 @@ int main(int argc, char** argv) {
     for (int i = 0; i < streams; ++i)
       readers.emplace_back([&, i] {
         std::string last;
+        // The page's reading of the run, as app.js makes it (throttle(load, 500)).
+        httplib::Client page_client("127.0.0.1", port);
+        page_client.set_read_timeout(60, 0);
+        auto next_read = Clock::now();
+        bool opened = false;
+        auto read_run = [&] {
+          if (run_id == 0 || last.empty() || Clock::now() < next_read) return;
+          if (!opened) {
+            // The page opens (?after=latest, as app.js asks), somewhere in the run's first second.
+            opened = true;
+            usleep(static_cast<useconds_t>(20000 * (i % 50)));
+            auto t0 = Clock::now();
+            auto r = page_client.Get(
+                ("/api/runs/" + std::to_string(run_id.load()) + "?collapse=1&after=latest").c_str());
+            double ms = Ms(Clock::now() - t0);
+            std::scoped_lock lock(browsers_mu);
+            if (!r || r->status != 200) ++opens.errors;
+            else opens.ms.push_back(ms);
+            return;
+          }
+          auto t0 = Clock::now();
+          auto r = page_client.Get(("/api/runs/" + std::to_string(run_id.load()) +
+                                    "?collapse=1&after=" + last).c_str());
+          double ms = Ms(Clock::now() - t0);
+          next_read = t0 + std::chrono::milliseconds(std::max(500, static_cast<int>(2 * ms)));
+          std::scoped_lock lock(browsers_mu);
+          if (!r || r->status != 200) ++browsers.errors;
+          else browsers.ms.push_back(ms), browsers.bytes = r->body.size();
+        };
         while (!stop) {
           httplib::Client c("127.0.0.1", port);
           c.set_read_timeout(30, 0);
@@ -179,6 +217,7 @@ int main(int argc, char** argv) {
                 buffer.erase(0, from);
                 events += seen;
                 per_stream[i] += seen;
+                if (seen > 0) read_run();
                 return !stop.load();
               });
           (void)r;
@@ -201,6 +240,7 @@ int main(int argc, char** argv) {
     opts.workdir = "/tmp";
     double start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
     run = c.SubmitRun(*loaded.pipeline, opts);
+    run_id = run;
     std::string id = std::to_string(run);
     std::fprintf(stderr, "serve_bench: run %s, %d stages (%s), %d worker process(es) x %d\n",
                  id.c_str(), stages, shape.c_str(), workers, capacity);
@@ -224,6 +264,7 @@ int main(int argc, char** argv) {
     while (!finished()) {
       timed("/runs/" + id, page);
       timed("/api/runs/" + id, api);
+      timed("/api/runs/" + id + "?collapse=1", fresh);
     }
     run_s = std::stod(c.QueryValue("SELECT extract(epoch FROM finished_at) FROM trnflow.runs "
                                    "WHERE id = " + id)) - start;
@@ -232,26 +273,32 @@ int main(int argc, char** argv) {
     auto drain_start = Clock::now();
     for (int i = 0; i < 1200 && events < changes * streams; ++i) usleep(50000);
     drain_s = Ms(Clock::now() - drain_start) / 1000;
+    run_id = 0;  // the browsers stop reading the run
     stop = true;
     kill(serve, SIGTERM);  // ends the streams; the readers see their connections close
     for (auto& t : readers) t.join();
     waitpid(serve, nullptr, 0);
     procs.Stop();
   }
-  DropBenchDatabase(name);
+  if (flags.Int("keep", 0)) std::fprintf(stderr, "serve_bench: kept %s\n", url.c_str());
+  else DropBenchDatabase(name);
   std::filesystem::remove_all(home);
   std::filesystem::remove(file);
   std::fprintf(stderr, "\nwhile the run executed (%.1f s), %d event streams open:\n", run_s,
                streams);
-  std::fprintf(stderr, "%-28s %8s %10s %10s %10s %8s\n", "", "requests", "p50 ms", "p99 ms",
-               "max ms", "errors");
-  Row(("GET /runs/ID"), page);
-  Row(("GET /api/runs/ID"), api);
+  std::fprintf(stderr, "%-28s %8s %10s %10s %10s %8s %8s\n", "", "requests", "p50 ms", "p99 ms",
+               "max ms", ">200 ms", "errors");
+  Row("GET /runs/ID", page);
+  Row("GET /api/runs/ID (whole)", api);
+  Row("  ?collapse=1 (fresh)", fresh);
+  Row("  ?collapse=1 (pages open)", opens);
+  Row("  ?collapse=1&after= (pages)", browsers);
   std::fprintf(stderr,
-               "/api/runs/ID body: %zu bytes; change events received by all streams: %lld "
-               "(%lld changes x %d streams = %lld)\n",
-               api.bytes, static_cast<long long>(events.load()), static_cast<long long>(changes),
-               streams, static_cast<long long>(changes * streams));
+               "bodies: whole %zu bytes, collapsed %zu bytes; change events received by all "
+               "streams: %lld (%lld changes x %d streams = %lld)\n",
+               api.bytes, fresh.bytes, static_cast<long long>(events.load()),
+               static_cast<long long>(changes), streams,
+               static_cast<long long>(changes * streams));
   int64_t fewest = per_stream.empty() ? 0 : *std::min_element(per_stream.begin(), per_stream.end());
   int64_t most = per_stream.empty() ? 0 : *std::max_element(per_stream.begin(), per_stream.end());
   std::fprintf(stderr, "per stream: %lld to %lld of %lld changes; %s %.1f s after the run finished\n",
@@ -259,10 +306,12 @@ int main(int argc, char** argv) {
                static_cast<long long>(changes),
                events == changes * streams ? "all delivered" : "stopped waiting", drain_s);
   std::printf("{\"system\":\"trnflow\",\"workload\":\"serve\",\"stages\":%d,\"streams\":%d,"
-              "\"run_s\":%.3f,%s,%s,\"api_bytes\":%zu,\"events\":%lld,\"changes\":%lld,"
+              "\"run_s\":%.3f,%s,%s,%s,%s,%s,\"api_bytes\":%zu,\"events\":%lld,\"changes\":%lld,"
               "\"drain_s\":%.2f,\"per_stream_min\":%lld,\"per_stream_max\":%lld,"
               "\"refused\":%d}\n",
               stages, streams, run_s, Json("page", page).c_str(), Json("api", api).c_str(),
+              Json("collapsed_fresh", fresh).c_str(), Json("collapsed_opens", opens).c_str(),
+              Json("collapsed_pages", browsers).c_str(),
               api.bytes, static_cast<long long>(events.load()), static_cast<long long>(changes),
               drain_s, static_cast<long long>(fewest), static_cast<long long>(most), refused.load());
   return 0;

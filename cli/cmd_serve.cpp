@@ -244,7 +244,19 @@ int CmdServe(const ServeArgs& a) {
     return std::optional<std::string>(RunsJson(c, q).dump());
   };
   o.views["run"] = [](schema::Catalog& c, const serve::ApiRequest& r) -> std::optional<std::string> {
-    auto j = ShowJson(c, ParseRunId(r.id));
+    // ?collapse=1: matrix fan-outs as one entry each (`show --collapse`) but those ?expand=
+    // names (comma-separated; "all": none), the run page's reading.
+    std::optional<std::set<std::string>> collapse;
+    if (std::string v = Param(r, "collapse"); !v.empty() && v != "0") {
+      collapse.emplace();
+      std::string expand = Param(r, "expand");
+      for (size_t from = 0; from <= expand.size();) {
+        size_t comma = std::min(expand.find(',', from), expand.size());
+        if (comma > from) collapse->insert(expand.substr(from, comma - from));
+        from = comma + 1;
+      }
+    }
+    auto j = ShowJson(c, ParseRunId(r.id), collapse);
     if (!j) return std::nullopt;
     return j->dump();
   };

@@ -3,6 +3,7 @@
 // throw UserError (exit 2), CatalogUnavailable (exit 3), PermissionDenied or Refused (exit 4),
 // which main() reports. `format` is "table" or "json" (docs/cli.md: the JSON rules).
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,9 @@ int CmdCancel(const std::string& run);
 int CmdResume(const std::string& run);
 int CmdRetry(const std::string& run, const std::string& stage);
 int CmdRuns(const schema::RunsQuery& query, const std::string& format);
-int CmdShow(const std::string& run, const std::string& stage, const std::string& format);
+// collapse: each matrix fan-out as one line (one entry of --format json) with its counts.
+int CmdShow(const std::string& run, const std::string& stage, const std::string& format,
+            bool collapse = false);
 // follow: keep printing what the run's attempts write until the run ends (`logs -f`).
 int CmdLogs(const std::string& run, const std::string& stage, bool follow,
             const std::string& format);
@@ -87,7 +90,11 @@ std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run
 // (cli/cmd_serve.cpp hands these to serve/). Each throws what its command would (UserError for
 // an unknown project, a bad flag).
 nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query);  // runs
-std::optional<nlohmann::json> ShowJson(schema::Catalog& catalog, int64_t run_id);  // show RUN
+// show RUN [--collapse]: with `collapse`, matrix fan-outs as one entry each but those it names
+// ("all": none collapsed).
+std::optional<nlohmann::json> ShowJson(
+    schema::Catalog& catalog, int64_t run_id,
+    const std::optional<std::set<std::string>>& collapse = std::nullopt);
 nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& args);  // spend
 nlohmann::ordered_json SavingsJson(schema::Catalog& catalog, const SpendArgs& args);  // --savings
 nlohmann::ordered_json BudgetsJson(schema::Catalog& catalog);                        // budget ls

@@ -184,6 +184,10 @@ int main(int argc, char** argv) {
   show->add_option("RUN", show_run, "run id")->required();
   show->add_option("--stage", show_stage,
                    "list every attempt of this stage (a matrix stage: of every expansion)");
+  bool show_collapse = false;
+  show->add_flag("--collapse", show_collapse,
+                 "each matrix fan-out as one line with how many expansions are in each state "
+                 "(the dashboard's run page reads the same)");
   AddFormat(show, show_format);
 
   std::string explain_run, explain_stage, explain_format = "table";
@@ -483,7 +487,7 @@ int main(int argc, char** argv) {
     }
     if (workers_cmd->parsed()) return CmdWorkers(workers_format);
     if (serve_cmd->parsed()) return CmdServe(serve_args);
-    if (show->parsed()) return CmdShow(show_run, show_stage, show_format);
+    if (show->parsed()) return CmdShow(show_run, show_stage, show_format, show_collapse);
     if (watch->parsed()) return CmdWatch(watch_run, watch_execute, watch_sandbox, watch_format);
     if (explain->parsed()) return CmdExplain(explain_run, explain_stage, explain_format);
     if (cancel->parsed()) return CmdCancel(cancel_run);

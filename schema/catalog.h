@@ -614,12 +614,13 @@ class Catalog {
   std::vector<SavingsRow> Savings(const SpendQuery& q);
   // When each attempt of a run became ready: (stage id, attempt) -> UTC time, "" unknown.
   std::map<std::pair<int64_t, int>, std::string> AttemptQueuedAt(int64_t run_id);
-  // The server's transaction horizon now (pg_current_snapshot()): every transaction older than
-  // `xmin` has ended; every transaction that has started is older than `xmax`.
-  struct Horizon {
-    int64_t xmin = 0, xmax = 0;
-  };
-  Horizon TransactionHorizon();
+  // The oldest transaction id still running (pg_current_snapshot()'s xmin): every older one has
+  // ended.
+  int64_t OldestRunningTransaction();
+  // A transaction id newer than every one given out so far: this call's own (it takes one).
+  // Not the snapshot's xmax, which is one past the newest *ended* transaction: transactions
+  // still running may hold ids above it.
+  int64_t NewTransactionId();
 
  private:
   struct Impl;

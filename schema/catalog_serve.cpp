@@ -112,11 +112,19 @@ std::vector<SavingsRow> Catalog::Savings(const SpendQuery& q) {
   });
 }
 
-Catalog::Horizon Catalog::TransactionHorizon() {
+int64_t Catalog::OldestRunningTransaction() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    auto row = impl_->Exec(tx, "TransactionHorizon")[0];
-    return Horizon{row[0].as<int64_t>(), row[1].as<int64_t>()};
+    return impl_->Exec(tx, "OldestRunningTransaction")[0][0].as<int64_t>();
+  });
+}
+
+int64_t Catalog::NewTransactionId() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    int64_t id = impl_->Exec(tx, "NewTransactionId")[0][0].as<int64_t>();
+    tx.commit();
+    return id;
   });
 }
 

@@ -1,11 +1,23 @@
 #include "serve/event_hub.h"
 
+#include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
 
 namespace trnflow::serve {
+
+std::string ChangeEvent(const schema::ChangeRow& c) {
+  nlohmann::json j = {{"id", std::to_string(c.id)},
+                      {"at", c.at},
+                      {"project", c.project},
+                      {"run_id", std::to_string(c.run_id)},
+                      {"stage", c.stage.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stage)},
+                      {"state", c.state}};
+  return "id: " + std::to_string(c.id) + "\nevent: change\ndata: " + j.dump() + "\n\n";
+}
 
 EventHub::EventHub(std::string database_url, size_t keep)
     : url_(std::move(database_url)), keep_(keep) {}
@@ -49,9 +61,10 @@ EventHub::Batch EventHub::Wait(int64_t after, double timeout_s) {
   if (latest_ <= after) return b;
   // What follows `after` is older than anything held (or an id was skipped by a rolled-back
   // transaction: then the catalog gives the same answer, one read later).
-  b.gap = recent_.empty() || recent_.front().id > after + 1;
-  for (const auto& c : recent_)
-    if (c.id > after) b.changes.push_back(c);
+  b.gap = recent_.empty() || recent_.front()->row.id > after + 1;
+  auto from = std::upper_bound(recent_.begin(), recent_.end(), after,
+                               [](int64_t id, const auto& c) { return id < c->row.id; });
+  b.changes.assign(from, recent_.end());
   return b;
 }
 
@@ -83,21 +96,24 @@ void EventHub::Loop() {
       while (!stop_) {
         // The horizon before the read: if every transaction that could hold a hole had ended
         // by then, the read sees whatever they committed.
-        auto before = c->TransactionHorizon();
+        int64_t oldest = c->OldestRunningTransaction();
         auto rows = c->ChangesSince(after, 1000);
         std::vector<schema::ChangeRow> settled;
         bool stuck = false;
         for (auto& r : rows) {
           if (r.id != after + 1) {
             if (hole_at_ != after + 1) {
-              // A new hole: whoever holds it started before this horizon, taken after the read.
+              // A new hole. Whoever holds it took the id in the transaction that wrote the
+              // stage or run row (the triggers of 0013), so it already had a transaction id,
+              // older than one taken now: once every transaction older than that has ended,
+              // the hole is for good.
               hole_at_ = after + 1;
-              hole_horizon_ = c->TransactionHorizon().xmax;
+              hole_horizon_ = c->NewTransactionId();
               hole_since_ = std::chrono::steady_clock::now();
               stuck = true;
               break;
             }
-            if (before.xmin < hole_horizon_) {
+            if (oldest < hole_horizon_) {
               // Its transaction may still commit: wait for it, though not for ever (an
               // unrelated transaction that runs for minutes holds the horizon back as well).
               if (std::chrono::steady_clock::now() - hole_since_ < std::chrono::seconds(30)) {
@@ -109,6 +125,7 @@ void EventHub::Loop() {
             }
             // Every transaction that could have held the ids up to r.id has ended without
             // them: rolled back. Never to come.
+            log->debug("change ids {}..{} were rolled back", after + 1, r.id - 1);
           }
           hole_at_ = 0;
           after = r.id;
@@ -116,8 +133,13 @@ void EventHub::Loop() {
         }
         if (!stuck) hole_at_ = 0;
         if (!settled.empty()) {
+          std::vector<std::shared_ptr<const HeldChange>> held;
+          for (auto& r : settled) {
+            std::string event = ChangeEvent(r);
+            held.push_back(std::make_shared<const HeldChange>(HeldChange{std::move(r), std::move(event)}));
+          }
           std::scoped_lock lock(mu_);
-          for (auto& r : settled) recent_.push_back(std::move(r));
+          recent_.insert(recent_.end(), held.begin(), held.end());
           while (recent_.size() > keep_) recent_.pop_front();
           latest_ = after;
         }

@@ -6,9 +6,10 @@
 // In commit order, without losing any: change ids come from a sequence, in the order
 // statements ran, while transactions commit in any order. So the hub passes changes on only
 // up to the first id it cannot see (a hole): a transaction still running holds it, or one
-// that rolled back burned it. It looks again every 50 ms; once every transaction that was
-// running when it first saw the hole has ended (the server's transaction horizon moved past
-// it) and the id is still not there, it never will be, and the hub moves on (after 30 s it
+// that rolled back burned it. It looks again every 50 ms; once every transaction that had begun
+// writing when it first saw the hole has ended (the oldest running transaction is newer than a
+// transaction id the hub took then) and the id is still not there, it never will be, and the
+// hub moves on (after 30 s it
 // moves on anyway, with a warning: an unrelated transaction open for minutes holds the
 // horizon back too). Latest() is therefore settled: every change up to it is passed on or
 // never existed.
@@ -20,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +30,15 @@
 #include "schema/catalog.h"
 
 namespace trnflow::serve {
+
+// One change as an event stream sends it: `id:`, `event: change`, its JSON as `data:`.
+std::string ChangeEvent(const schema::ChangeRow& change);
+
+// A change the hub holds, with its event text made once for every stream that sends it.
+struct HeldChange {
+  schema::ChangeRow row;
+  std::string event;  // ChangeEvent(row)
+};
 
 class EventHub {
  public:
@@ -44,7 +55,7 @@ class EventHub {
   // The newest change id the hub has passed on; everything up to it is settled (above).
   int64_t Latest() const;
   struct Batch {
-    std::vector<schema::ChangeRow> changes;  // after the id asked for, oldest first
+    std::vector<std::shared_ptr<const HeldChange>> changes;  // after the id asked for, oldest first
     bool gap = false;  // the hub no longer holds what follows that id: read it from the catalog
   };
   // Changes after `after`; when there are none, waits up to `timeout_s` for some.
@@ -62,7 +73,7 @@ class EventHub {
   size_t keep_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<schema::ChangeRow> recent_;  // guarded by mu_
+  std::deque<std::shared_ptr<const HeldChange>> recent_;  // guarded by mu_; ids ascending
   int64_t latest_ = 0;                    // guarded by mu_
   // The first id not yet seen while later ones are (0: none), and the transaction horizon
   // (xmax) when it was first seen. Loop() only.

@@ -1,8 +1,13 @@
 #include "serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -84,6 +89,162 @@ class CatalogPool {
   std::vector<std::unique_ptr<schema::Catalog>> idle_;  // guarded by mu_
 };
 
+// Answers shared by the browsers that follow the same page, as a proxy cache serves while it
+// revalidates. A page that follows the event stream asks with ?after=ID, the newest change it
+// has been told of. An answer is marked with the change the hub had settled when its read
+// began (every change up to it is in it). The newest answer for the request's role and
+// parameters is given at once; when it is older than ID or than a second (running attempts'
+// dollars grow with time), one read in the background replaces it, and the page, seeing a mark
+// older than what it asked for (X-Trnflow-Change), asks again. So fifty browsers told of the
+// same change cost one read of the catalog, and none waits for it. Only a request no answer is
+// kept for (none asked for it in a minute) reads while it waits. Requests without ?after (a
+// page opening, the CLI's equivalent, scripts) always read the catalog themselves; what they
+// read is kept for the others.
+class SharedAnswers {
+ public:
+  using Body = std::optional<std::string>;
+  using Read = std::function<Body()>;
+  struct Answer {
+    Body body;
+    int64_t change = 0;  // every change up to this one is in it
+  };
+
+  explicit SharedAnswers(std::function<int64_t()> settled)
+      : settled_(std::move(settled)), refresher_([this] { Refresh(); }) {}
+  ~SharedAnswers() {
+    {
+      std::scoped_lock lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    refresher_.join();
+  }
+  SharedAnswers(const SharedAnswers&) = delete;
+  SharedAnswers& operator=(const SharedAnswers&) = delete;
+
+  // A read of its own (a request without ?after), kept for those who ask later with ?after.
+  Answer ReadAndKeep(const std::string& key, const Read& read) {
+    Answer a{std::nullopt, settled_()};
+    a.body = read();
+    std::scoped_lock lock(mu_);
+    if (entries_.size() >= kMaxEntries) Evict();
+    Keep(entries_[key], a);
+    cv_.notify_all();
+    return a;
+  }
+
+  // The answer for `key` as of change `after`: a kept one that shows it, else the newest kept
+  // (and a read in the background), else one read now. `current`: only one that shows it
+  // will do (a page opening, ?after=latest), waiting for a read under way if there is one.
+  Answer Get(const std::string& key, int64_t after, bool current, const Read& read) {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      auto it = entries_.find(key);
+      if (it == entries_.end()) break;
+      Entry& e = it->second;
+      auto age = Clock::now() - e.at;
+      if (e.ready && e.change >= after && age < kFresh) return {e.body, e.change};
+      if (e.ready && age < kKeep && !current) {
+        if (!e.reading) {
+          e.reading = true;
+          queue_.emplace_back(key, read);
+          cv_.notify_all();
+        }
+        return {e.body, e.change};
+      }
+      if (!e.reading) break;
+      cv_.wait(lock);  // a read is under way: its answer may do
+    }
+    if (entries_.size() >= kMaxEntries) Evict();
+    entries_[key].reading = true;
+    lock.unlock();
+    return Store(key, read);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kFresh = std::chrono::seconds(1);
+  static constexpr auto kKeep = std::chrono::seconds(60);
+  static constexpr size_t kMaxEntries = 512;
+  struct Entry {
+    bool ready = false;
+    bool reading = false;
+    int64_t change = 0;
+    Clock::time_point at;
+    Body body;
+  };
+
+  // Reads `key`'s answer (its entry is marked as being read) and keeps it.
+  Answer Store(const std::string& key, const Read& read) {
+    Answer a{std::nullopt, settled_()};
+    try {
+      a.body = read();
+    } catch (...) {
+      std::scoped_lock lock(mu_);
+      entries_[key].reading = false;
+      cv_.notify_all();
+      throw;
+    }
+    std::scoped_lock lock(mu_);
+    Keep(entries_[key], a);
+    entries_[key].reading = false;
+    cv_.notify_all();
+    return a;
+  }
+
+  // Keeps `a` in `e` unless `e` holds a newer answer already (read meanwhile by a request
+  // without ?after).
+  static void Keep(Entry& e, const Answer& a) {
+    if (e.ready && e.change > a.change) return;
+    e.ready = true;
+    e.change = a.change;
+    e.at = Clock::now();
+    e.body = a.body;
+  }
+
+  // The background reads, one at a time.
+  void Refresh() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      auto [key, read] = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      try {
+        Store(key, read);
+      } catch (const std::exception& e) {
+        Logger("serve")->warn("refreshing a shared answer failed: {}", e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  // Drops the answers no one asked for in a minute (or, when all are newer, the oldest half).
+  void Evict() {
+    auto now = Clock::now();
+    std::erase_if(entries_, [&](const auto& kv) {
+      return !kv.second.reading && now - kv.second.at >= kKeep;
+    });
+    while (entries_.size() >= kMaxEntries / 2) {
+      auto oldest = entries_.end();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it)
+        if (!it->second.reading && (oldest == entries_.end() || it->second.at < oldest->second.at))
+          oldest = it;
+      if (oldest == entries_.end()) break;
+      entries_.erase(oldest);
+    }
+  }
+
+  std::function<int64_t()> settled_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Entry> entries_;               // guarded by mu_
+  std::deque<std::pair<std::string, Read>> queue_;     // guarded by mu_
+  bool stop_ = false;                                  // guarded by mu_
+  std::thread refresher_;  // last: started once the rest is built
+};
+
 // Who a request is: in --auth proxy, the role named by the proxy's header and the projects it
 // may see; in --auth local, the login itself (everything).
 struct Who {
@@ -121,20 +282,14 @@ const EmbeddedFile* Asset(const std::string& name) {
   return nullptr;
 }
 
-std::string ChangeEvent(const schema::ChangeRow& c) {
-  nlohmann::json j = {{"id", std::to_string(c.id)},
-                      {"at", c.at},
-                      {"project", c.project},
-                      {"run_id", std::to_string(c.run_id)},
-                      {"stage", c.stage.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stage)},
-                      {"state", c.state}};
-  return "id: " + std::to_string(c.id) + "\nevent: change\ndata: " + j.dump() + "\n\n";
-}
-
 class Dashboard {
  public:
   explicit Dashboard(const Options& o)
-      : o_(o), pool_(o.database_url), hub_(o.database_url), csrf_secret_(schema::RandomSecret()) {}
+      : o_(o),
+        pool_(o.database_url),
+        hub_(o.database_url),
+        shared_([this] { return hub_.Latest(); }),
+        csrf_secret_(schema::RandomSecret()) {}
 
   void Run(const std::atomic<bool>& stop, const std::function<void(int)>& on_listening) {
     auto log = Logger("serve");
@@ -144,13 +299,27 @@ class Dashboard {
                       "). Put a reverse proxy in front and use --auth proxy (docs/serve.md)");
     hub_.Start();  // throws CatalogUnavailable: the catalog is reached before listening
     httplib::Server svr;
-    // Each open event stream holds a thread: room for all of them and for ordinary requests.
-    int threads = o_.max_clients + 16;
+    // A connection holds a thread while it is open (keep-alive included). A browser tab holds
+    // two: its event stream and the connection its reads reuse. Room for both of every
+    // stream there may be, and for others' requests.
+    int threads = 2 * o_.max_clients + 16;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     svr.set_keep_alive_timeout(5);
+    // A page re-reads every half second: its connection stays open rather than being closed
+    // after httplib's default of 5 requests.
+    svr.set_keep_alive_max_count(1000);
+    int listening = -1;
+    svr.set_socket_options([&listening](socket_t sock) {
+      httplib::default_socket_options(sock);
+      listening = sock;
+    });
     Routes(svr);
     int port = o_.port == 0 ? svr.bind_to_any_port(o_.host) : o_.port;
     if (o_.port != 0 && !svr.bind_to_port(o_.host, o_.port)) port = -1;
+    // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian built
+    // it): fifty browsers connecting at once overflow it, and a dropped connection attempt is
+    // retried only after a second. Listening again on the socket raises the backlog.
+    if (port > 0 && listening >= 0) ::listen(listening, 1024);
     if (port <= 0) {
       hub_.Stop();
       throw UserError("cannot listen on " + o_.host + ":" + std::to_string(o_.port) +
@@ -247,18 +416,36 @@ class Dashboard {
         if (it == o_.views.end()) throw HttpError(404, "no such resource");
         Who who = Identify(req);
         ApiRequest r;
-        for (const auto& [k, v] : req.params) r.params.try_emplace(k, v);
+        for (const auto& [k, v] : req.params)
+          if (k != "after") r.params.try_emplace(k, v);
         if (req.matches.size() > 1) r.id = req.matches[1];
-        std::optional<std::string> body;
-        try {
-          auto c = ConnectionFor(who);
-          body = it->second(**c, r);
-        } catch (const CatalogUnavailable&) {
-          // A pooled connection the server dropped (a restart): reads are safe to try again,
-          // once, on a fresh one.
-          auto c = ConnectionFor(who);
-          body = it->second(**c, r);
+        // The read may run later, in the background (SharedAnswers): it owns what it uses.
+        SharedAnswers::Read read = [this, who, r, answer = it->second] {
+          try {
+            auto c = ConnectionFor(who);
+            return answer(**c, r);
+          } catch (const CatalogUnavailable&) {
+            // A pooled connection the server dropped (a restart): reads are safe to try
+            // again, once, on a fresh one.
+            auto c = ConnectionFor(who);
+            return answer(**c, r);
+          }
+        };
+        std::string key = who.role + '\x1f' + view + '\x1f' + r.id;
+        for (const auto& [k, v] : r.params) key += '\x1f' + k + '=' + v;
+        SharedAnswers::Answer answer;
+        if (std::string after = req.get_param_value("after"); !after.empty()) {
+          // "latest": an answer that shows every change settled when the request came.
+          static const std::regex digits("[0-9]{1,18}");
+          bool latest = after == "latest";
+          if (!latest && !std::regex_match(after, digits))
+            throw UserError("after=" + after + ": expected an event id or latest");
+          answer = shared_.Get(key, latest ? hub_.Latest() : std::stoll(after), latest, read);
+          res.set_header("X-Trnflow-Change", std::to_string(answer.change));
+        } else {
+          answer = shared_.ReadAndKeep(key, read);
         }
+        auto& body = answer.body;
         if (!body) throw HttpError(404, "not found (or not yours to see)");
         res.set_header("Cache-Control", "no-store");
         res.set_content(*body + "\n", "application/json");
@@ -373,12 +560,16 @@ class Dashboard {
               return who->all || who->projects.count(c.project) > 0;
             };
             int64_t before = *state, written = *state;
+            auto add_one = [&](const schema::ChangeRow& c, const std::string* event) {
+              if (c.id <= *state) return;
+              if (visible(c)) out += event ? *event : ChangeEvent(c), written = c.id;
+              *state = c.id;
+            };
             auto add = [&](const std::vector<schema::ChangeRow>& rows) {
-              for (const auto& c : rows) {
-                if (c.id <= *state) continue;
-                if (visible(c)) out += ChangeEvent(c), written = c.id;
-                *state = c.id;
-              }
+              for (const auto& c : rows) add_one(c, nullptr);
+            };
+            auto add_held = [&](const std::vector<std::shared_ptr<const HeldChange>>& held) {
+              for (const auto& h : held) add_one(h->row, &h->event);
             };
             if (*first) {
               *first = false;
@@ -403,9 +594,9 @@ class Dashboard {
               // batch waits for the next call then, so nothing in between is skipped.
               bool full = false;
               add(FromCatalog(*state, &full));
-              if (!full) add(batch.changes);
+              if (!full) add_held(batch.changes);
             } else {
-              add(batch.changes);
+              add_held(batch.changes);
             }
             // Changes of projects it may not see move its resume point past them too.
             if (*state != before && written != *state) out += "id: " + std::to_string(*state) + "\n\n";
@@ -482,6 +673,7 @@ class Dashboard {
   const Options& o_;
   CatalogPool pool_;
   EventHub hub_;
+  SharedAnswers shared_;
   std::string csrf_secret_;
 };
 

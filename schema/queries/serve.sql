@@ -288,8 +288,12 @@ SELECT a.stage_id, a.attempt,
 FROM trnflow.attempts a
 WHERE a.run_id = $1;
 
--- name: TransactionHorizon
+-- name: OldestRunningTransaction
 -- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest
--- transaction still running, and the first transaction id not yet given out.
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+-- transaction still running.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: NewTransactionId
+-- A transaction id above every one given out so far (this transaction's own). The snapshot's
+-- xmax is not: it is one past the newest transaction that *ended*.
+SELECT pg_current_xact_id()::text::bigint;

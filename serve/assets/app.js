@@ -47,10 +47,15 @@ function duration(seconds) {
 }
 
 async function api(path) {
+  return (await apiAnswer(path)).body;
+}
+// The answer and, for a read asked ?after= a change, the newest change it shows (the dashboard
+// may answer with what it had while it reads anew: then this is older than what was asked).
+async function apiAnswer(path) {
   const r = await fetch(path, { headers: { Accept: 'application/json' }, credentials: 'same-origin' });
   const body = await r.json().catch(() => ({ error: r.statusText }));
   if (!r.ok) throw new Error(body.error || r.statusText);
-  return body;
+  return { body, change: Number(r.headers.get('X-Trnflow-Change') || Infinity) };
 }
 
 function stateBadge(state) { return el('span', { class: 'state state-' + state }, state); }
@@ -101,6 +106,9 @@ function sortableTable(id, cols, rows, totalRow) {
 const LIVE = new URLSearchParams(location.search).get('live') !== '0';
 const listeners = [];
 let source = null, polling = null, refresh = null;
+// The newest change this page has been told of: reads ask for answers that show it
+// (?after=ID), which the dashboard shares among the pages told of the same change.
+let lastChange = 0;
 function onChange(fn, reread) {
   listeners.push(fn);
   refresh = reread || refresh;
@@ -117,13 +125,38 @@ function onChange(fn, reread) {
   });
   source.addEventListener('change', ev => {
     const c = JSON.parse(ev.data);
+    lastChange = Math.max(lastChange, Number(ev.lastEventId || c.id) || 0);
     for (const f of listeners) f(c);
   });
 }
 
-function debounce(fn, ms) {
-  let t = null;
-  return () => { clearTimeout(t); t = setTimeout(fn, ms); };
+// Reads `path` with `params` as of the newest change this page was told of (none yet: as of
+// now, ?after=latest; pages opening at once share one read). An answer older than what was
+// asked for is shown, and `again` (a throttled reload) asks once more.
+async function readAfter(path, params, again) {
+  const p = new URLSearchParams(params);
+  const asked = lastChange;
+  p.set('after', asked > 0 ? asked : 'latest');
+  const a = await apiAnswer(`${path}?${p}`);
+  if (a.change < asked) again();
+  return a.body;
+}
+
+// Calls `fn` at once when idle; while a call is in flight, once more after it, `ms` (or twice
+// as long as the last call took) after that call began: a steady stream of changes becomes a
+// read every `ms`, never a queue of reads, and a slow server is asked less often.
+function throttle(fn, ms) {
+  let running = false, wanted = false, timer = null, next = 0;
+  const go = async () => {
+    timer = null; running = true; wanted = false;
+    const t0 = Date.now();
+    try { await fn(); } catch (e) { /* the next change tries again */ }
+    running = false;
+    next = t0 + Math.max(ms, 2 * (Date.now() - t0));
+    if (wanted) schedule();
+  };
+  const schedule = () => { if (!timer && !running) timer = setTimeout(go, Math.max(0, next - Date.now())); };
+  return () => { wanted = true; schedule(); };
 }
 
 // --- pages --------------------------------------------------------------------------------
@@ -144,7 +177,7 @@ async function pageRuns(main) {
   const holder = el('div');
   main.replaceChildren(el('h1', {}, 'Runs'), form, holder);
   const load = async () => {
-    const runs = await api('/api/runs?' + params);
+    const runs = await readAfter('/api/runs', params, () => reload());
     const now = Date.now();
     for (const r of runs) {
       const end = r.finished_at ? Date.parse(r.finished_at) : now;
@@ -163,8 +196,9 @@ async function pageRuns(main) {
       { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
     ], runs, { run_id: 'total', cost_usd: dollarsMicros(total), wasted_usd: dollarsMicros(wasted) }));
   };
+  const reload = throttle(load, 1000);
   await load();
-  onChange(debounce(load, 500), load);
+  onChange(reload, load);
 }
 
 // Longest-path depth of each stage from its roots: the DAG's columns.
@@ -191,55 +225,20 @@ function stageCost(s) {
 // Stages whose state changed on this page through the event stream (not a reload): how often.
 const liveChanges = new Map();
 
-// Matrix fan-outs: the expansions of one matrix stage (`name[key=value,...]`) are drawn as one
-// node with how many are in each state; a click (or ?expand=NAME,... or ?expand=all in the URL)
-// shows them one by one.
+// Matrix fan-outs: the dashboard reads a run with its matrix stages collapsed (`trnflow show
+// --collapse`): one entry with how many expansions are in each state. A click (or
+// ?expand=NAME,... or ?expand=all in the URL) reads them one by one; "collapse" folds them
+// again.
 const expanded = new Set((new URLSearchParams(location.search).get('expand') || '').split(',').filter(Boolean));
-let redrawDag = null;
+let reloadRun = () => {};
 function matrixBase(name) {
   const i = name.indexOf('[');
   return i > 0 && name.endsWith(']') ? name.slice(0, i) : null;
 }
-// What a group of stages is, as one: the state that most needs a look first.
-function groupState(counts) {
-  for (const s of ['running', 'failed', 'retry_wait', 'ready', 'blocked', 'cancelled', 'skipped'])
-    if (counts[s]) return s;
-  return counts.cached && !counts.succeeded ? 'cached' : 'succeeded';
-}
-function collapseMatrices(stages) {
-  const groups = new Map();
-  for (const s of stages) {
-    const b = matrixBase(s.name);
-    if (b) groups.set(b, (groups.get(b) || []).concat([s]));
-  }
-  const nodeOf = new Map();
-  for (const s of stages) {
-    const b = matrixBase(s.name);
-    const keep = !b || groups.get(b).length < 2 || expanded.has('all') || expanded.has(b) ||
-      stages.some(o => o.name === b);
-    nodeOf.set(s.name, keep ? s.name : b);
-  }
-  const out = [], seen = new Set();
-  for (const s of stages) {
-    const n = nodeOf.get(s.name);
-    if (n === s.name) { out.push({ ...s, needs: [...new Set((s.needs || []).map(x => nodeOf.get(x) || x))] }); continue; }
-    if (seen.has(n)) continue;
-    seen.add(n);
-    const members = groups.get(n);
-    const counts = {};
-    for (const m of members) counts[m.state] = (counts[m.state] || 0) + 1;
-    const needs = new Set();
-    for (const m of members) for (const x of m.needs || []) if ((nodeOf.get(x) || x) !== n) needs.add(nodeOf.get(x) || x);
-    out.push({ name: n, kind: members[0].kind, state: groupState(counts), counts, members,
-      needs: [...needs], attempts: members.flatMap(m => m.attempts),
-      cost_usd: members.reduce((t, m) => t + (m.cost_usd || 0), 0),
-      running_cost_usd: members.reduce((t, m) => t + (m.running_cost_usd || 0), 0) });
-  }
-  return out;
-}
+const STATE_ORDER = ['succeeded', 'cached', 'running', 'ready', 'retry_wait', 'blocked', 'failed', 'skipped', 'cancelled'];
 
 function drawDag(run) {
-  const stages = collapseMatrices(run.stages);
+  const stages = run.stages;
   const depth = layers(stages);
   const cols = new Map();
   for (const s of stages) {
@@ -265,21 +264,20 @@ function drawDag(run) {
   }
   for (const s of stages) {
     const p = pos.get(s.name);
-    if (s.members) {
-      const order = ['succeeded', 'cached', 'running', 'ready', 'retry_wait', 'blocked', 'failed', 'skipped', 'cancelled'];
-      const counts = order.filter(k => s.counts[k]).map(k => `${s.counts[k]} ${k}`).join(' · ');
+    if (s.matrix) {
+      const m = s.matrix;
+      const counts = STATE_ORDER.filter(k => m.states[k]).map(k => `${m.states[k]} ${k}`).join(' · ');
       const g = svg('g', { class: 'node matrix', 'data-stage': s.name, 'data-state': s.state,
-        'data-count': s.members.length, 'data-counts': order.filter(k => s.counts[k]).map(k => `${k}:${s.counts[k]}`).join(','),
+        'data-count': m.count, 'data-counts': STATE_ORDER.filter(k => m.states[k]).map(k => `${k}:${m.states[k]}`).join(','),
         transform: `translate(${p.x},${p.y})` },
-        svg('title', {}, `${s.name}: ${s.members.length} matrix stages (${counts}); click to show them`),
+        svg('title', {}, `${s.name}: ${m.count} matrix stages (${counts}); click to show them`),
         svg('rect', { width: W, height: H }),
         svg('rect', { class: 'stack', x: 3, y: -3, width: W, height: H }),
         svg('rect', { width: W, height: H }),
-        svg('text', { x: 8, y: 18, class: 'name' }, `${s.name.length > 20 ? s.name.slice(0, 19) + '…' : s.name} ×${s.members.length}`),
+        svg('text', { x: 8, y: 18, class: 'name' }, `${s.name.length > 20 ? s.name.slice(0, 19) + '…' : s.name} ×${m.count}`),
         svg('text', { x: 8, y: 36, class: 'sub state-text counts' }, counts.length > 34 ? counts.slice(0, 33) + '…' : counts),
-        svg('text', { x: 8, y: 49, class: 'sub' },
-          `${s.attempts.length} attempts · ${dollarsMicros(s.members.reduce((t, m) => t + stageCost(m), 0))}`));
-      g.addEventListener('click', () => { expanded.add(s.name); if (redrawDag) redrawDag(); });
+        svg('text', { x: 8, y: 49, class: 'sub' }, `${m.attempts} attempts · ${dollarsMicros(stageCost(s))}`));
+      g.addEventListener('click', () => { expanded.add(s.name); if (reloadRun) reloadRun(); });
       root.append(g);
       continue;
     }
@@ -300,21 +298,47 @@ function drawDag(run) {
 function drawTimeline(run) {
   const attempts = [];
   for (const s of run.stages) for (const a of s.attempts) attempts.push({ stage: s.name, ...a });
-  const starts = attempts.map(a => Date.parse(a.queued_at || a.started_at)).filter(x => !isNaN(x));
+  // A collapsed matrix stage is one lane with one bar: from its first start to its last end.
+  const groups = run.stages.filter(s => s.matrix && s.matrix.first_started_at);
+  const starts = attempts.map(a => Date.parse(a.queued_at || a.started_at))
+    .concat(groups.map(s => Date.parse(s.matrix.first_queued_at || s.matrix.first_started_at))).filter(x => !isNaN(x));
   if (starts.length === 0) return el('p', { class: 'muted', id: 'timeline' }, 'no attempts yet');
   const now = Date.now();
-  const ends = attempts.map(a => a.finished_at ? Date.parse(a.finished_at) : now);
+  const ends = attempts.map(a => a.finished_at ? Date.parse(a.finished_at) : now)
+    .concat(groups.map(s => s.matrix.last_finished_at ? Date.parse(s.matrix.last_finished_at) : now));
   const t0 = Math.min(...starts), t1 = Math.max(t0 + 1, ...ends);
   const LABEL = 200, W = 760, LANE = 22, PAD = 10;
   const lanes = run.stages.map(s => s.name);
+  const laneLabel = new Map(run.stages.map(s => [s.name, s.matrix ? `${s.name} ×${s.matrix.count}` : s.name]));
   const height = PAD * 2 + lanes.length * LANE + 18;
   const x = t => LABEL + ((t - t0) / (t1 - t0)) * W;
   const root = svg('svg', { id: 'timeline', width: LABEL + W + PAD * 2, height });
   lanes.forEach((name, i) => {
     const y = PAD + i * LANE;
     root.append(svg('line', { class: 'axis', x1: LABEL, x2: LABEL + W, y1: y + LANE - 2, y2: y + LANE - 2 }));
-    root.append(svg('text', { class: 'lane-label', x: 4, y: y + 15 }, name.length > 28 ? name.slice(0, 27) + '…' : name));
+    const label = laneLabel.get(name);
+    root.append(svg('text', { class: 'lane-label', x: 4, y: y + 15 }, label.length > 28 ? label.slice(0, 27) + '…' : label));
   });
+  for (const s of groups) {
+    const m = s.matrix;
+    const y = PAD + lanes.indexOf(s.name) * LANE + 3;
+    const st = Date.parse(m.first_started_at), e = m.last_finished_at ? Date.parse(m.last_finished_at) : now;
+    const q = m.first_queued_at ? Date.parse(m.first_queued_at) : NaN;
+    if (!isNaN(q) && q < st)
+      root.append(svg('rect', { class: 'wait', 'data-stage': s.name, x: x(q), y: y + 3, width: Math.max(1, x(st) - x(q)), height: LANE - 14 },
+        svg('title', {}, `${s.name}: ${duration((st - q) / 1000)} from the first expansion ready to the first start`)));
+    const outcomes = Object.entries(m.outcomes).map(([k, v]) => `${v} ${k}`).join(', ');
+    const tip = `${s.name}: ${m.count} matrix stages, ${m.attempts} attempts (${outcomes}), ${dollarsMicros(stageCost(s))}`;
+    const all = Object.keys(m.outcomes);
+    const outcome = all.length === 1 ? all[0] : all.includes('running') ? 'running' : 'mixed';
+    const bx = x(st), bw = Math.max(3, x(e) - x(st));
+    root.append(svg('rect', { class: `attempt group outcome-${outcome}`, 'data-stage': s.name, 'data-attempts': m.attempts,
+      'data-outcome': outcome, x: bx, y, width: bw, height: LANE - 8 }, svg('title', {}, tip)));
+    const lost = ['spot_interruption', 'capacity_unavailable', 'lost'].reduce((t, k) => t + (m.outcomes[k] || 0), 0);
+    if (lost > 0)
+      root.append(svg('text', { class: 'interruption', 'data-stage': s.name, 'data-count': lost, x: bx + bw + 2, y: y + 12 },
+        `✕${lost}`, svg('title', {}, tip)));
+  }
   for (const a of attempts) {
     const i = lanes.indexOf(a.stage);
     const y = PAD + i * LANE + 3;
@@ -469,15 +493,12 @@ async function pageRun(main, id) {
   const draw = run => {
     last = run;
     const r = run.run;
-    let total = 0, wasted = 0, attempts = 0, interruptions = 0;
-    for (const s of run.stages) {
-      total += stageCost(s);
-      for (const a of s.attempts) {
-        wasted += micros(a.wasted_usd);
-        attempts++;
-        if (a.outcome === 'spot_interruption') interruptions++;
-      }
-    }
+    let total = 0;
+    for (const s of run.stages) total += stageCost(s);
+    const { wasted_usd: wastedUsd, attempts, spot_interruptions: interruptions } = run.totals;
+    const wasted = micros(wastedUsd);
+    // Matrix stages shown one by one: each may be folded again.
+    const folded = [...new Set(run.stages.map(s => matrixBase(s.name)).filter(b => b && (expanded.has('all') || expanded.has(b))))];
     main.replaceChildren(
       el('h1', {}, `Run ${r.run_id} · ${r.pipeline} `, stateBadge(r.state)),
       el('div', { class: 'cards' },
@@ -489,7 +510,13 @@ async function pageRun(main, id) {
         el('div', { class: 'card' }, 'Created', el('b', {}, r.created_at))),
       actions(run),
       el('h2', {}, 'Stages'), drawDag(run),
-      el('p', { class: 'muted' }, 'A matrix stage is one box with how many of its expansions are in each state; click it to show them.'),
+      el('p', { class: 'muted' }, 'A matrix stage is one box with how many of its expansions are in each state; click it to show them. ',
+        folded.map(b => el('button', { class: 'collapse', 'data-stage': b,
+          onclick: () => {
+            if (expanded.delete('all')) for (const o of folded) expanded.add(o);
+            expanded.delete(b);
+            reloadRun();
+          } }, `collapse ${b}`))),
       el('h2', {}, 'Timeline'),
       el('div', { class: 'legend' },
         el('span', {}, el('i', { class: 'lg-wait' }), 'waiting for a worker (ready → started)'),
@@ -499,20 +526,32 @@ async function pageRun(main, id) {
       logs.panel,
       el('h2', {}, 'Attempts'),
       sortableTable('attempts', [
-        { key: 'stage', label: 'Stage' }, { key: 'attempt', label: '#', num: true },
+        { key: 'stage', label: 'Stage' }, { key: 'attempt', label: '#', num: true, fmt: v => v === null ? '' : v },
         { key: 'outcome', label: 'Outcome', fmt: v => v || 'running' },
         { key: 'instance_type', label: 'Instance' }, { key: 'market', label: 'Market' },
         { key: 'sim_hours', label: 'Sim hours', num: true, fmt: v => v.toFixed(2) },
         { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
         { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
         { key: 'message', label: 'Why' }],
-        run.stages.flatMap(s => s.attempts.map(a => ({ stage: s.name, ...a })))));
+        run.stages.flatMap(s => s.matrix
+          ? (s.matrix.attempts ? [{ stage: `${s.name} ×${s.matrix.count}`, attempt: null,
+              outcome: Object.entries(s.matrix.outcomes).map(([k, v]) => `${v} ${k}`).join(', '),
+              instance_type: s.instance_type, market: s.market, sim_hours: s.matrix.sim_hours,
+              cost_usd: s.cost_usd + (s.running_cost_usd || 0), wasted_usd: s.matrix.wasted_usd,
+              message: `${s.matrix.attempts} attempts of a matrix stage: click it above to list them` }] : [])
+          : s.attempts.map(a => ({ stage: s.name, ...a })))));
     logs.update(run);
   };
-  redrawDag = () => { if (last) draw(last); };
-  const load = async () => draw(await api('/api/runs/' + id));
+  // The run as the event stream last told of it (?after), matrix stages collapsed but those
+  // expanded; a burst of changes is one read every half second at most.
+  const load = async () => {
+    const p = new URLSearchParams({ collapse: 1 });
+    if (expanded.size) p.set('expand', [...expanded].join(','));
+    draw(await readAfter(`/api/runs/${id}`, p, () => reload()));
+  };
+  const reload = throttle(load, 500);
+  reloadRun = reload;
   await load();
-  const reload = debounce(load, 400);
   refresh = load;
   onChange(c => {
     if (c.run_id !== id) return;
