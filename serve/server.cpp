@@ -134,9 +134,9 @@ class SharedAnswers {
   }
 
   // The answer for `key` as of change `after`: a kept one that shows it, else the newest kept
-  // (and a read in the background), else one read now. `current`: only one that shows it
-  // will do (a page opening, ?after=latest), waiting for a read under way if there is one.
-  Answer Get(const std::string& key, int64_t after, bool current, const Read& read) {
+  // (and a read in the background), else one read now. `opening` (?after=latest): the newest
+  // kept only if it is under a second old, else one read now (shared with those who wait).
+  Answer Get(const std::string& key, int64_t after, bool opening, const Read& read) {
     std::unique_lock lock(mu_);
     for (;;) {
       auto it = entries_.find(key);
@@ -144,7 +144,7 @@ class SharedAnswers {
       Entry& e = it->second;
       auto age = Clock::now() - e.at;
       if (e.ready && e.change >= after && age < kFresh) return {e.body, e.change};
-      if (e.ready && age < kKeep && !current) {
+      if (e.ready && age < (opening ? kFresh : kKeep)) {
         if (!e.reading) {
           e.reading = true;
           queue_.emplace_back(key, read);
@@ -440,8 +440,10 @@ class Dashboard {
           bool latest = after == "latest";
           if (!latest && !std::regex_match(after, digits))
             throw UserError("after=" + after + ": expected an event id or latest");
-          answer = shared_.Get(key, latest ? hub_.Latest() : std::stoll(after), latest, read);
+          int64_t wanted = latest ? hub_.Latest() : std::stoll(after);
+          answer = shared_.Get(key, wanted, latest, read);
           res.set_header("X-Trnflow-Change", std::to_string(answer.change));
+          if (latest) res.set_header("X-Trnflow-Latest", std::to_string(wanted));
         } else {
           answer = shared_.ReadAndKeep(key, read);
         }

@@ -55,7 +55,8 @@ async function apiAnswer(path) {
   const r = await fetch(path, { headers: { Accept: 'application/json' }, credentials: 'same-origin' });
   const body = await r.json().catch(() => ({ error: r.statusText }));
   if (!r.ok) throw new Error(body.error || r.statusText);
-  return { body, change: Number(r.headers.get('X-Trnflow-Change') || Infinity) };
+  return { body, change: Number(r.headers.get('X-Trnflow-Change') || Infinity),
+    latest: Number(r.headers.get('X-Trnflow-Latest') || 0) };
 }
 
 function stateBadge(state) { return el('span', { class: 'state state-' + state }, state); }
@@ -131,14 +132,15 @@ function onChange(fn, reread) {
 }
 
 // Reads `path` with `params` as of the newest change this page was told of (none yet: as of
-// now, ?after=latest; pages opening at once share one read). An answer older than what was
-// asked for is shown, and `again` (a throttled reload) asks once more.
+// now, ?after=latest; pages opening together share one read). An answer older than what was
+// asked for (or, opening, than the newest change then: X-Trnflow-Latest) is shown, and
+// `again` (a throttled reload) asks once more.
 async function readAfter(path, params, again) {
   const p = new URLSearchParams(params);
   const asked = lastChange;
   p.set('after', asked > 0 ? asked : 'latest');
   const a = await apiAnswer(`${path}?${p}`);
-  if (a.change < asked) again();
+  if (a.change < Math.max(asked, a.latest)) again();
   return a.body;
 }
 
