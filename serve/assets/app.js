@@ -415,14 +415,17 @@ function actions(run) {
 
 // The log of a run: stage's attempt, tailed: each read asks /api/runs/ID/log for what follows
 // the bytes it has and appends them; it reads again every second (and at once when the stage
-// changes) until the attempt has ended and the whole file is shown.
+// changes) until the attempt has ended and the whole file is shown. When the stage is tried
+// again, it moves to the new attempt (unless someone chose an attempt in the list).
 function logPanel(id) {
   const q = new URLSearchParams(location.search);
   const pick = el('select', { id: 'log-pick' });
   const text = el('pre', { id: 'log-text', class: 'log' });
   const note = el('p', { class: 'muted', id: 'log-note' });
   const panel = el('div', { id: 'logs' }, el('h2', {}, 'Logs'), pick, note, text);
-  let current = null, offset = 0, reads = 0, timer = null, busy = false, stages = [];
+  let current = null, offset = 0, reads = 0, allReads = 0, timer = null, busy = false, stages = [];
+  // Following the stage's newest attempt (a retry moves to the next), until someone picks one.
+  let following = true;
   const choose = (stage, attempt) => {
     current = { stage, attempt };
     offset = 0; reads = 0;
@@ -443,7 +446,9 @@ function logPanel(id) {
       const r = await api(`/api/runs/${id}/log?${p}`);
       if (want !== current) return;
       reads++;
+      allReads++;
       text.setAttribute('data-reads', reads);
+      text.setAttribute('data-reads-all', allReads);
       if (r.available) {
         if (r.text) text.append(document.createTextNode(r.text));
         offset = r.next_offset;
@@ -461,7 +466,11 @@ function logPanel(id) {
       busy = false;
     }
   };
-  pick.addEventListener('change', () => { const [st, at] = JSON.parse(pick.value); choose(st, at); });
+  pick.addEventListener('change', () => {
+    following = false;
+    const [st, at] = JSON.parse(pick.value);
+    choose(st, at);
+  });
   return {
     panel,
     // Called with each reading of the run: the choice of logs, and the first one to show (the
@@ -477,6 +486,14 @@ function logPanel(id) {
         if (value) pick.value = value;
       }
       panel.hidden = runStages.length === 0;
+      if (current && following) {
+        const s = runStages.find(x => x.name === current.stage);
+        const a = s && s.attempts[s.attempts.length - 1];
+        if (a && a.attempt > current.attempt) {
+          pick.value = JSON.stringify([s.name, a.attempt]);
+          choose(s.name, a.attempt);
+        }
+      }
       if (!current && runStages.length > 0) {
         const wanted = runStages.find(s => s.name === q.get('log')) || runStages.find(s => s.state === 'running') ||
           runStages[runStages.length - 1];
