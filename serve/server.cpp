@@ -96,10 +96,12 @@ class CatalogPool {
 // parameters is given at once; when it is older than ID or than a second (running attempts'
 // dollars grow with time), one read in the background replaces it, and the page, seeing a mark
 // older than what it asked for (X-Trnflow-Change), asks again. So fifty browsers told of the
-// same change cost one read of the catalog, and none waits for it. Only a request no answer is
-// kept for (none asked for it in a minute) reads while it waits. Requests without ?after (a
-// page opening, the CLI's equivalent, scripts) always read the catalog themselves; what they
-// read is kept for the others.
+// same change cost one read of the catalog, and none waits for it. A page opening asks with
+// ?after=latest: the kept answer if it is under a second old, else it waits for a read (one
+// for all who open together). Only a request no answer is kept for (none asked for it in a
+// minute) reads while it waits. Requests without ?after (the CLI's equivalent, scripts)
+// always read the catalog themselves; what they read is kept for the others. Answers over
+// 1 MiB (a whole 10,000-stage run) are not kept: at most 256 answers, 256 MiB.
 class SharedAnswers {
  public:
   using Body = std::optional<std::string>;
@@ -165,7 +167,8 @@ class SharedAnswers {
   using Clock = std::chrono::steady_clock;
   static constexpr auto kFresh = std::chrono::seconds(1);
   static constexpr auto kKeep = std::chrono::seconds(60);
-  static constexpr size_t kMaxEntries = 512;
+  static constexpr size_t kMaxEntries = 256;
+  static constexpr size_t kMaxBody = 1 << 20;
   struct Entry {
     bool ready = false;
     bool reading = false;
@@ -196,6 +199,7 @@ class SharedAnswers {
   // without ?after).
   static void Keep(Entry& e, const Answer& a) {
     if (e.ready && e.change > a.change) return;
+    if (a.body && a.body->size() > kMaxBody) return;
     e.ready = true;
     e.change = a.change;
     e.at = Clock::now();
