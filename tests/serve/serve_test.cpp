@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -322,6 +323,20 @@ class Serve : public ::testing::Test {
     serve_.reset();
     proxy_.reset();
     worker_.reset();
+  }
+  // A failed test says whether its dashboards were still running, and how their logs end.
+  void TearDown() override {
+    if (!HasFailure()) return;
+    for (const auto* d : {serve_.get(), proxy_.get()}) {
+      if (!d) continue;
+      int status = 0;
+      pid_t gone = waitpid(d->pid(), &status, WNOHANG);
+      std::string log = ReadFile(d->log_path());
+      std::cerr << d->log_path() << ": "
+                << (gone == d->pid() ? "EXITED, status " + std::to_string(status) : "running")
+                << "; its log ends:\n"
+                << log.substr(log.size() > 4000 ? log.size() - 4000 : 0) << "\n";
+    }
   }
 
   static std::string LedgerSum(const std::string& project) {
