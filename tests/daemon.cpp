@@ -7,37 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <random>
+
+#include "tests/test_db.h"
 
 extern char** environ;
 
 namespace trnflow::testing {
 
-namespace {
-const std::string* g_log_dir = nullptr;  // never destroyed: the exit handler reads it
-}
-
 std::string DaemonLogDir() {
-  // Fresh for every process (pid and a random suffix), removed at exit unless
-  // TRNFLOW_TEST_KEEP_HOME is set: pids are reused, and a log left by an earlier process with
-  // the same pid once gave a test its "listening on" line, with that process's port.
-  static const bool made = [] {
-    std::random_device random;
-    auto p = std::filesystem::temp_directory_path() /
-             ("trnflow-daemons-" + std::to_string(getpid()) + "-" + std::to_string(random()));
-    std::filesystem::create_directories(p);
-    g_log_dir = new std::string(p.string());
-    if (!std::getenv("TRNFLOW_TEST_KEEP_HOME"))
-      std::atexit([] {
-        std::error_code ec;
-        std::filesystem::remove_all(*g_log_dir, ec);
-      });
-    return true;
-  }();
-  (void)made;
-  return *g_log_dir;
+  static const std::string dir = ProcessDir("trnflow-daemons");
+  return dir;
 }
 
 void Daemon::Start() {

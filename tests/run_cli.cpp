@@ -9,31 +9,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/test_db.h"
+
 namespace trnflow::testing {
 
-namespace {
-const std::string* g_cli_home = nullptr;  // never destroyed: the exit handler reads it
-}
-
 std::string CliHome() {
-  // Named by the pid (a test writes it into a pipeline), so what an earlier process with the
-  // same pid left there is removed at first use; removed at exit unless
-  // TRNFLOW_TEST_KEEP_HOME is set.
-  static const bool made = [] {
-    auto p = std::filesystem::temp_directory_path() /
-             ("trnflow-cli-home-" + std::to_string(getpid()));
-    std::error_code ec;
-    std::filesystem::remove_all(p, ec);
-    g_cli_home = new std::string(p.string());
-    if (!std::getenv("TRNFLOW_TEST_KEEP_HOME"))
-      std::atexit([] {
-        std::error_code ec;
-        std::filesystem::remove_all(*g_cli_home, ec);
-      });
-    return true;
-  }();
-  (void)made;
-  return *g_cli_home;
+  // Named by the pid alone: a test writes it into a pipeline.
+  static const std::string home = ProcessDir("trnflow-cli-home", false);
+  return home;
 }
 
 CliResult RunShell(const std::string& command) {

@@ -3,6 +3,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <vector>
 
 #include "common/env.h"
 #include "schema/catalog.h"
@@ -62,6 +66,34 @@ std::string Query(const std::string& sql) {
 double QueryNumber(const std::string& sql) {
   std::string v = Query(sql);
   return v.empty() ? -1 : std::stod(v);
+}
+
+namespace {
+std::mutex g_dirs_mu;
+std::vector<std::string>* g_dirs = nullptr;  // never destroyed: the exit handler reads it
+}  // namespace
+
+std::string ProcessDir(const std::string& prefix, bool random_suffix) {
+  std::string name = prefix + "-" + std::to_string(getpid());
+  if (random_suffix) name += "-" + std::to_string(std::random_device()());
+  auto path = (std::filesystem::temp_directory_path() / name).string();
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  std::filesystem::create_directories(path);
+  std::scoped_lock lock(g_dirs_mu);
+  if (!g_dirs) {
+    g_dirs = new std::vector<std::string>();
+    if (!std::getenv("TRNFLOW_TEST_KEEP_HOME"))
+      std::atexit([] {
+        std::scoped_lock lock(g_dirs_mu);
+        for (const auto& d : *g_dirs) {
+          std::error_code ec;
+          std::filesystem::remove_all(d, ec);
+        }
+      });
+  }
+  g_dirs->push_back(path);
+  return path;
 }
 
 }  // namespace trnflow::testing

@@ -39,6 +39,12 @@ std::string AdminUrl();
 std::string Query(const std::string& sql);
 double QueryNumber(const std::string& sql);
 
+// A directory of this test process's own under /tmp: PREFIX-<pid> (and a random suffix when
+// `random_suffix`), emptied at first use and removed at exit unless TRNFLOW_TEST_KEEP_HOME is
+// set. Pids are reused: what an earlier process left under the same name is never read as this
+// one's (it once gave a test a stale run directory, and another a stale port).
+std::string ProcessDir(const std::string& prefix, bool random_suffix = true);
+
 // Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held.
 template <typename F>
 bool WaitFor(F&& condition, double timeout_s);

@@ -17,29 +17,9 @@ pipelines::Pipeline MustParse(const std::string& yaml, const std::string& projec
   return r.pipeline ? *r.pipeline : pipelines::Pipeline{};
 }
 
-namespace {
-const std::string* g_home = nullptr;  // never destroyed: the exit handler reads it
-}
-
 std::string TestHome() {
-  // Fresh for every process: pids are reused, and a home left by an earlier process (its
-  // run directories numbered from 1 like this one's) once made a test pass what it must fail.
-  // Removed at exit unless TRNFLOW_TEST_KEEP_HOME is set.
-  static const bool made = [] {
-    auto p = std::filesystem::temp_directory_path() /
-             ("trnflow-test-" + std::to_string(getpid()) + "-" +
-              schema::RandomSecret().substr(0, 8));
-    std::filesystem::create_directories(p);
-    g_home = new std::string(p.string());
-    if (!std::getenv("TRNFLOW_TEST_KEEP_HOME"))
-      std::atexit([] {
-        std::error_code ec;
-        std::filesystem::remove_all(*g_home, ec);
-      });
-    return true;
-  }();
-  (void)made;
-  return *g_home;
+  static const std::string home = ProcessDir("trnflow-test");
+  return home;
 }
 
 workers::WorkerOptions TestWorkerOptions(std::vector<workers::PoolConfig> pools) {
