@@ -1,11 +1,15 @@
 // drain_bench: STAGES independent no-op stages already submitted (ready); WORKERS worker
 // processes start, and the time runs until the catalog records the last one done, with the
-// full bookkeeping of every stage: claim under a lease, an attempt row opened and closed in
-// the ledger with its bill, the stage's state, the dependents check and the run's finish.
-// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512] [--feed off]
+// full bookkeeping of every stage: claim under a lease, an attempt opened and its ledger row
+// written with its bill, the stage's state, the dependents check and the run's finish.
+// Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512]
+//                    [--feed off] [--sql 'STATEMENTS']
 // --feed off: without the dashboard's change feed (the triggers that record every state
-// change in trnflow.changes), to measure what it costs.
+// change in trnflow.changes), to measure what it costs. --sql: run on the new catalog before
+// the drain, as its owner, one statement at a time (`;` separates them), to measure what a
+// schema change would save: --sql 'ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up'.
 // Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -24,6 +28,7 @@ int main(int argc, char** argv) {
   int capacity = static_cast<int>(flags.Int("capacity", 128));
   int batch = static_cast<int>(flags.Int("batch", 512));
   bool feed = flags.Text("feed", "on") != "off";
+  std::string sql = flags.Text("sql", "");
   std::string name = "trnflow_bench_drain_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   double seconds = 0;
@@ -37,6 +42,11 @@ int main(int argc, char** argv) {
       c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
       run = InsertStages(c, stages, "ready", false);
       if (!feed) c.RunOutsideTransaction("ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
+      for (size_t at = 0, end; at < sql.size(); at = end + 1) {  // one statement at a time
+        end = std::min(sql.find(';', at), sql.size());
+        if (sql.find_first_not_of(" \n", at) < end)
+          c.RunOutsideTransaction(sql.substr(at, end - at));
+      }
       c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
       // The clock starts before the worker processes do (their start-up counts).
       start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));

@@ -818,7 +818,8 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
 // of schema 13's shape (the version before the hot-path and dashboard migrations), as that
 // version's engine wrote it: attempts opened at claim and closed by UPDATE, so the ledger's
 // triggers fold them into the rollup. Keep that SQL as it is when later migrations change
-// these tables: it is the old catalog.
+// these tables: it is the old catalog. One of its runs is still running, with an attempt open,
+// which closes into the ledger after the upgrade (0017 moved open attempts into stage rows).
 TEST(Catalog, MigratesForwardWithItsHistory) {
   const int kHistorySchema = 13;
   const std::string name = TestDatabase::database_name() + "_fwd";
@@ -830,7 +831,8 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
       schema::DropCatalogRoles(testing::AdminUrl(), name);
     }
   } drop{name};
-  std::string run;
+  const std::string kOldWorker = "00000000-0000-4000-8000-0000000000aa";
+  std::string run, running_run;
   {
     schema::Catalog o(owner);
     auto report = o.Migrate(sim::Catalog::Builtin(), kHistorySchema);
@@ -874,6 +876,26 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
         "  wasted_usd = CASE WHEN s.name = 'bad' THEN 0.020000 ELSE 0 END, saved_usd = 0,"
         "  progress_to = 1"
         " FROM trnflow.stages s WHERE s.id = a.stage_id AND a.run_id = " + run + ";"
+        "SELECT 1");
+    // A run still running when the catalog is upgraded: its stage's attempt is open (0017
+    // moves it into the stage row; its ledger row is written when it closes).
+    running_run = o.QueryValue(
+        "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state)"
+        " SELECT id, 'lab', 1, 1, '/', 'running' FROM trnflow.pipelines"
+        " WHERE name = 'history' RETURNING id");
+    o.QueryValue(
+        "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type,"
+        "  instance_count, market, state, spec, attempts, pending_needs, lease_owner,"
+        "  lease_expires_at, heartbeat_at, progress) VALUES"
+        " (" + running_run + ", 'lab', 'long', 'run', 'cpu', 'c6i.large', 1, 'on-demand',"
+        "  'running', '" + spec + "', 1, 0, '" + kOldWorker + "', now() + interval '1 day',"
+        "  now(), 0.25);"
+        "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,"
+        "  instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour,"
+        "  progress_from, started_at)"
+        " SELECT id, run_id, 1, '" + kOldWorker + "', 'old-worker', 'c6i.large', 1, 'on-demand',"
+        "  0.17, 0.17, 0.25, now() - interval '1 hour' FROM trnflow.stages WHERE run_id = " +
+        running_run + ";"
         "SELECT 1");
   }
   {
@@ -938,6 +960,36 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   for (const auto& a : c.GetAttempts(new_run)) new_cost += a.cost;
   EXPECT_GT(new_cost.micros(), 0);
   EXPECT_EQ(total_after.micros(), total_before.micros() + new_cost.micros());
+
+  // The attempt that was open at the upgrade is open still, with what its claim knew, and
+  // closes into the ledger at the price it was claimed at.
+  const std::string long_stage =
+      c.QueryValue("SELECT id FROM trnflow.stages WHERE run_id = " + running_run);
+  EXPECT_EQ(c.QueryValue("SELECT worker_name || ' ' || price_usd_hour || ' ' || progress_from"
+                         " FROM trnflow.open_attempts WHERE stage_id = " + long_stage +
+                         " AND attempt = 1"),
+            "old-worker 0.170000 0.25");
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " +
+                         running_run + " AND outcome IS NULL"),
+            "1");
+  schema::AttemptResult done;
+  done.stage_id = std::stoll(long_stage);
+  done.attempt = 1;
+  done.lease_owner = kOldWorker;
+  done.outcome = Outcome::kSucceeded;
+  done.next_state = StageState::kSucceeded;
+  done.sim_seconds = 3600;
+  done.billed_seconds = 3600;
+  done.cost = Money::FromMicros(170'000);
+  done.progress_to = 1;
+  ASSERT_EQ(c.CompleteAttempts({done}).size(), 1u);
+  EXPECT_EQ(c.QueryValue("SELECT outcome || ' ' || price_usd_hour || ' ' || worker_name || ' ' ||"
+                         " cost_usd || ' ' || progress_from FROM trnflow.attempts"
+                         " WHERE stage_id = " + long_stage + " AND attempt = 1"),
+            "succeeded 0.170000 old-worker 0.170000 0.25");
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.open_attempts WHERE run_id = " +
+                         running_run),
+            "0");
 }
 
 }  // namespace trnflow

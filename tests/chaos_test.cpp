@@ -71,9 +71,7 @@ void ExpectConsistent(int64_t run, int stages) {
                   " AND a.outcome = 'succeeded') <> 1"),
             "0")
       << "every stage must have exactly one succeeded attempt";
-  EXPECT_EQ(Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r +
-                  " AND (outcome IS NULL OR finished_at IS NULL)"),
-            "0")
+  EXPECT_EQ(Query("SELECT count(*) FROM trnflow.open_attempts WHERE run_id = " + r), "0")
       << "every attempt must be closed with an outcome";
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.attempts a JOIN trnflow.attempts b"
                   " ON a.stage_id = b.stage_id AND a.attempt < b.attempt"
@@ -193,7 +191,7 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   frozen->Start();
   std::string r = std::to_string(run);
   ASSERT_TRUE(WaitFor(
-      [&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "1"; },
+      [&] { return Query("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + r) == "1"; },
       20));
   frozen->Kill(SIGSTOP);
   // Its lease runs out; the scheduler records the attempt as lost.
@@ -206,7 +204,7 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   auto healthy = Worker(11);
   healthy->Start();
   ASSERT_TRUE(WaitFor(
-      [&] { return Query("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r) == "2"; },
+      [&] { return Query("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + r) == "2"; },
       20));
   // The frozen worker wakes with an attempt it no longer owns, past its stage's end.
   frozen->Kill(SIGCONT);

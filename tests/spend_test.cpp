@@ -121,7 +121,7 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   }
   EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
   // Rows that hang off runs: only alpha's.
-  for (const auto& t : {"stages", "attempts", "events"})
+  for (const auto& t : {"stages", "attempts", "open_attempts", "events"})
     EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
                                " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
               "0")

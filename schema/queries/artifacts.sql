@@ -22,8 +22,8 @@ RETURNING a.id;
 -- error, served to every later run until a key change or --retry-failed-compilation).
 UPDATE trnflow.artifacts
 SET state = $4, digest = NULLIF($5, ''), bytes = $6, path = NULLIF($7, ''),
-    failure = NULLIF($8, ''), producer_attempt = (SELECT id FROM trnflow.attempts
-                                                 WHERE stage_id = $2 AND attempt = $3),
+    failure = NULLIF($8, ''), producer_attempt = (SELECT attempt_id FROM trnflow.stages  -- still open
+                                                 WHERE id = $2 AND attempts = $3),
     last_used_at = now()
 WHERE cache_key = $1 AND state = 'building' AND builder_stage = $2 AND builder_attempt = $3
 RETURNING id;

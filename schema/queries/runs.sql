@@ -14,9 +14,10 @@ SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $1
 SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
-       coalesce((SELECT sum(coalesce(a.cost_usd, trnflow.running_cost_usd(
-                          a.started_at, r.speed, a.instance_count, a.price_usd_hour, a.cap_usd)))
-                 FROM trnflow.attempts a WHERE a.run_id = r.id), 0)::text,
+       (coalesce((SELECT sum(a.cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)
+        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
+                                                        a.price_usd_hour, a.cap_usd))
+                    FROM trnflow.open_attempts a WHERE a.run_id = r.id), 0))::text,
        coalesce(r.budget_usd::text, ''),
        extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
        coalesce(r.cancel_reason, ''),
@@ -36,15 +37,17 @@ LIMIT $3;
 WITH a AS (
   SELECT a.stage_id,
          sum(a.cost_usd) AS cost, sum(a.billed_seconds) AS billed,
-         sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count, a.price_usd_hour,
-                                      a.cap_usd)) FILTER (WHERE a.outcome IS NULL) AS running,
-         (array_agg(a.outcome ORDER BY a.attempt DESC) FILTER (WHERE a.outcome IS NOT NULL))[1]
-           AS last_outcome,
-         (array_agg(a.message ORDER BY a.attempt DESC) FILTER (WHERE a.outcome IS NOT NULL))[1]
-           AS last_message
-  FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+         (array_agg(a.outcome ORDER BY a.attempt DESC))[1] AS last_outcome,
+         (array_agg(a.message ORDER BY a.attempt DESC))[1] AS last_message
+  FROM trnflow.attempts a
   WHERE a.run_id = $1
   GROUP BY a.stage_id
+), open AS (  -- the attempts running now (ledger rows are written when they close)
+  SELECT a.stage_id,
+         trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count, a.price_usd_hour,
+                                  a.cap_usd) AS running
+  FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
+  WHERE a.run_id = $1
 ), needs AS (
   SELECT d.stage_id, string_agg(n.name, ',' ORDER BY n.id) AS names
   FROM trnflow.stages s JOIN trnflow.stage_deps d ON d.stage_id = s.id
@@ -54,7 +57,7 @@ WITH a AS (
 )
 SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.market, s.attempts,
        s.progress, coalesce(a.cost, 0)::text, coalesce(a.billed, 0),
-       coalesce(a.running, 0)::float8, coalesce(needs.names, ''),
+       coalesce(open.running, 0)::float8, coalesce(needs.names, ''),
        CASE WHEN s.state = 'running' THEN coalesce(s.live_progress, -1) ELSE -1 END,
        CASE WHEN s.state = 'running' THEN coalesce(s.live_sim_seconds, -1) ELSE -1 END,
        CASE WHEN s.state = 'running' THEN coalesce(s.live_eta_s, -1) ELSE -1 END,
@@ -64,6 +67,7 @@ SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.marke
        coalesce(a.last_outcome, ''), coalesce(a.last_message, '')
 FROM trnflow.stages s
 LEFT JOIN a ON a.stage_id = s.id
+LEFT JOIN open ON open.stage_id = s.id
 LEFT JOIN needs ON needs.stage_id = s.id
 WHERE s.run_id = $1
 ORDER BY s.id;
@@ -78,8 +82,15 @@ SELECT a.stage_id, a.attempt, coalesce(a.outcome, ''), a.worker_name, a.instance
        coalesce(a.saved_usd, 0)::text, a.progress_from, coalesce(a.progress_to, 0),
        coalesce(a.message, ''),
        coalesce((SELECT w.home FROM trnflow.workers w WHERE w.id = a.worker_id), '')
-FROM trnflow.attempts a
-WHERE a.run_id = $1
+FROM (SELECT stage_id, attempt, outcome, worker_name, instance_type, instance_count, market,
+             price_usd_hour, started_at, finished_at, sim_seconds, billed_seconds, cost_usd,
+             wasted_usd, saved_usd, progress_from, progress_to, message, worker_id
+      FROM trnflow.attempts WHERE run_id = $1
+      UNION ALL
+      SELECT stage_id, attempt, NULL, worker_name, instance_type, instance_count, market,
+             price_usd_hour, started_at, NULL, NULL, NULL, NULL, NULL, NULL, progress_from, NULL,
+             NULL, worker_id
+      FROM trnflow.open_attempts WHERE run_id = $1) a
 ORDER BY a.stage_id, a.attempt;
 
 -- name: InsertEvent
@@ -131,8 +142,8 @@ SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
                   WHERE project = b.project AND day >= ps.start::date), 0)
         + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
                                                         a.price_usd_hour, a.cap_usd))
-                    FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-                    WHERE a.outcome IS NULL AND r.project = b.project), 0))::numeric(18,6)::text
+                    FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
+                    WHERE r.project = b.project), 0))::numeric(18,6)::text
 FROM trnflow.budgets b,
      LATERAL (SELECT CASE WHEN b.period = 'month'
                           THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
@@ -155,7 +166,7 @@ SELECT r.id, r.project, r.budget_usd::text, coalesce(n.percent, 0),
        (coalesce((SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = r.id), 0)
         + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
                                                         a.price_usd_hour, a.cap_usd))
-                    FROM trnflow.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL), 0)
+                    FROM trnflow.open_attempts a WHERE a.run_id = r.id), 0)
        )::numeric(18,6)::text
 FROM trnflow.runs r
 LEFT JOIN trnflow.run_budget_notices n ON n.run_id = r.id
@@ -206,8 +217,8 @@ FROM trnflow.projects p ORDER BY p.name;
 DELETE FROM trnflow.spend_rollup;
 
 -- name: FillSpendRollup
--- The rollup, computed from the closed ledger rows (as migration 0003 first filled it), for
--- ledgers loaded in bulk without the closing UPDATEs the trigger folds in.
+-- The rollup, computed from the ledger (as migration 0003 first filled it), for ledgers loaded
+-- in bulk without the trigger that folds each inserted row.
 INSERT INTO trnflow.spend_rollup
 SELECT ru.project, (n.started_at AT TIME ZONE 'UTC')::date, p.name, s.name, s.kind,
        n.instance_type, n.market, count(*), sum(coalesce(n.billed_seconds, 0)),
@@ -232,6 +243,6 @@ SELECT trnflow.has_role(session_user, trnflow.daemon_role())
 -- Attempts still open and what they have cost so far ($1 project, $2 pipeline; '' = any).
 SELECT count(*), coalesce(sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
                                                        a.price_usd_hour, a.cap_usd)), 0)::text
-FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
 JOIN trnflow.pipelines p ON p.id = r.pipeline_id
-WHERE a.outcome IS NULL AND ($1 = '' OR r.project = $1) AND ($2 = '' OR p.name = $2);
+WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR p.name = $2);

@@ -77,7 +77,10 @@ waits AS (
               WHEN v <= 21600 THEN 12 WHEN v <= 86400 THEN 13 ELSE 14 END AS k,
          count(*) AS n, sum(v) AS total
   FROM (SELECT s.pool, greatest(0, extract(epoch FROM (a.started_at - a.queued_at)))::float8 AS v
-        FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
+        FROM (SELECT stage_id, started_at, queued_at FROM trnflow.attempts
+              UNION ALL
+              SELECT stage_id, started_at, queued_at FROM trnflow.open_attempts) a
+        JOIN trnflow.stages s ON s.id = a.stage_id
         WHERE a.queued_at IS NOT NULL) x
   GROUP BY 1, 2)
 SELECT 'trnflow_attempt_duration_seconds_bucket' AS name,
@@ -137,8 +140,8 @@ UNION ALL
 SELECT 'trnflow_running_spend_usd', jsonb_build_object('project', r.project)::text,
        coalesce(sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
                                              a.price_usd_hour, a.cap_usd)), 0)::float8
-FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-WHERE a.outcome IS NULL GROUP BY r.project
+FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
+GROUP BY r.project
 UNION ALL
 SELECT 'trnflow_runs', jsonb_build_object('state', r.state)::text, count(*)::float8
 FROM trnflow.runs r GROUP BY r.state
@@ -233,8 +236,9 @@ FROM trnflow.budgets b,
                      coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed,
                                                                    a.instance_count,
                                                                    a.price_usd_hour, a.cap_usd))
-                               FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-                               WHERE a.outcome IS NULL AND r.project = b.project), 0)
+                               FROM trnflow.open_attempts a
+                               JOIN trnflow.runs r ON r.id = a.run_id
+                               WHERE r.project = b.project), 0)
                        AS committed) m,
      LATERAL (SELECT coalesce(stddev_pop(coalesce(d.cost, 0)), 0) AS sd
               FROM generate_series(date_trunc('month', now() AT TIME ZONE 'UTC'),
@@ -285,8 +289,9 @@ ORDER BY x.project;
 -- the run page's timeline.
 SELECT a.stage_id, a.attempt,
        coalesce(to_char(a.queued_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
-FROM trnflow.attempts a
-WHERE a.run_id = $1;
+FROM (SELECT stage_id, attempt, queued_at FROM trnflow.attempts WHERE run_id = $1
+      UNION ALL
+      SELECT stage_id, attempt, queued_at FROM trnflow.open_attempts WHERE run_id = $1) a;
 
 -- name: OldestRunningTransaction
 -- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest

@@ -4,9 +4,10 @@
 -- skipping through the ready index), lock its first candidates in priority order skipping rows
 -- other workers hold; then take turns, one stage per project per round, keeping the prefix whose
 -- instance counts fit. One project's sweep of 20,000 stages cannot hold back another's single
--- stage. Claimed stages run under this worker's lease with an attempt row opened at the price
--- in force now (queued_at: the stage's ready_at, which the claim leaves as it was, so the
--- attempt's queue wait is started_at - queued_at). $6: only this run (0: any). `budgeted`:
+-- stage. Claimed stages run under this worker's lease with an attempt opened in the stage row
+-- at the price in force now (its ledger row is written when it closes; queued_at: the stage's
+-- ready_at, which the claim leaves as it was, so the attempt's queue wait is started_at -
+-- queued_at). $6: only this run (0: any). `budgeted`:
 -- the run or its project has a budget, so the worker reserves a spend cap for the attempt
 -- before it runs.
 WITH RECURSIVE projects AS (
@@ -39,35 +40,39 @@ chosen AS (
     FROM turns) x
   WHERE used <= $2),
 claimed AS (
+  -- The attempt opens in the stage row: its ledger row is written once, when it closes
+  -- (CompleteAttempts). Price in force now, for the market the attempt runs on.
   UPDATE trnflow.stages s
   SET state = 'running', attempts = s.attempts + 1, lease_owner = $3::uuid,
       lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now(),
-      live_progress = NULL, live_sim_seconds = NULL, live_eta_s = NULL
+      live_progress = NULL, live_sim_seconds = NULL, live_eta_s = NULL,
+      attempt_id = nextval('trnflow.attempts_id_seq'), attempt_worker_id = $3::uuid,
+      attempt_worker_name = $4,
+      attempt_market = s.market,
+      attempt_price_usd_hour = (SELECT CASE WHEN s.market = 'spot' THEN spot_usd_hour
+                                            ELSE on_demand_usd_hour END
+                                FROM trnflow.prices
+                                WHERE instance_type = s.instance_type AND valid_from <= now()
+                                ORDER BY valid_from DESC LIMIT 1),
+      attempt_on_demand_price_usd_hour = (SELECT on_demand_usd_hour FROM trnflow.prices
+                                          WHERE instance_type = s.instance_type
+                                            AND valid_from <= now()
+                                          ORDER BY valid_from DESC LIMIT 1),
+      attempt_started_at = now(), attempt_queued_at = s.ready_at,
+      attempt_progress_from = s.progress, attempt_cap_usd = NULL, attempt_reserved_usd = NULL,
+      attempt_executor_job = NULL
   -- By id through the primary key: a join to `chosen` was planned as a hash join over a
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
   WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
-  RETURNING s.id, s.run_id, s.attempts, s.instance_type, s.instance_count, s.market,
-            s.progress, s.errors, s.preemptions, s.spec, s.project, s.ready_at),
-opened AS (
-  INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,
-                                instance_type, instance_count, market, price_usd_hour,
-                                on_demand_price_usd_hour, progress_from, queued_at)
-  SELECT c.id, c.run_id, c.attempts, $3::uuid, $4, c.instance_type, c.instance_count, c.market,
-         CASE WHEN c.market = 'spot' THEN pr.spot_usd_hour ELSE pr.on_demand_usd_hour END,
-         pr.on_demand_usd_hour, c.progress, c.ready_at
-  FROM claimed c
-  JOIN LATERAL (SELECT spot_usd_hour, on_demand_usd_hour FROM trnflow.prices
-                WHERE instance_type = c.instance_type AND valid_from <= now()
-                ORDER BY valid_from DESC LIMIT 1) pr ON true
-  RETURNING stage_id, price_usd_hour)
+  RETURNING s.id, s.run_id, s.attempts, s.instance_count, s.market, s.progress, s.errors,
+            s.preemptions, s.spec, s.project, s.attempt_price_usd_hour)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
-       c.preemptions, c.spec::text, (o.price_usd_hour * 1000000)::bigint, r.speed, r.seed,
+       c.preemptions, c.spec::text, (c.attempt_price_usd_hour * 1000000)::bigint, r.speed, r.seed,
        r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, c.project,
        (r.budget_usd IS NOT NULL
         OR EXISTS (SELECT 1 FROM trnflow.budgets b WHERE b.project = c.project)) AS budgeted,
        pj.job_uid
 FROM claimed c
-JOIN opened o ON o.stage_id = c.id
 JOIN trnflow.runs r ON r.id = c.run_id
 JOIN trnflow.projects pj ON pj.name = c.project;
 
@@ -143,20 +148,31 @@ updated AS (
   -- index once per batch row (seconds per batch).
   WHERE s.id = i.stage_id AND s.state || '' = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner
-  RETURNING s.id, s.run_id, s.state, i.attempt),
+  RETURNING s.id, s.run_id, s.state, i.attempt, i.outcome, i.sim_seconds, i.billed_seconds,
+            i.cost_micros, i.wasted_micros, i.saved_micros, i.baseline_micros, i.progress_to,
+            i.message, s.attempt_id, s.attempt_worker_id, s.attempt_worker_name,
+            s.instance_type, s.instance_count, s.attempt_market, s.attempt_price_usd_hour,
+            s.attempt_on_demand_price_usd_hour, s.attempt_started_at, s.attempt_queued_at,
+            s.attempt_progress_from, s.attempt_cap_usd, s.attempt_reserved_usd,
+            s.attempt_executor_job),
+-- The attempt's ledger row, written once and whole: claim-time facts from the stage row
+-- (which this statement's update left as they were), the result from the worker.
 closed AS (
-  UPDATE trnflow.attempts a
-  SET finished_at = now(), outcome = i.outcome, sim_seconds = i.sim_seconds,
-      billed_seconds = i.billed_seconds, cost_usd = i.cost_micros / 1000000.0,
-      wasted_usd = i.wasted_micros / 1000000.0, saved_usd = i.saved_micros / 1000000.0,
-      baseline_usd = i.baseline_micros / 1000000.0,
-      progress_to = i.progress_to, message = NULLIF(i.message, '')
-  FROM input i JOIN updated u ON u.id = i.stage_id
-  WHERE a.stage_id = i.stage_id AND a.attempt = i.attempt AND a.outcome IS NULL
-  RETURNING u.id, u.run_id, u.state)
--- No join back to `updated`: with a generic plan's one-row estimates it became a nested loop
--- over two CTE scans, quadratic in the batch.
-SELECT id, run_id, state FROM closed;
+  INSERT INTO trnflow.attempts (id, stage_id, run_id, attempt, worker_id, worker_name,
+                                instance_type, instance_count, market, price_usd_hour,
+                                on_demand_price_usd_hour, started_at, queued_at, progress_from,
+                                cap_usd, reserved_usd, executor_job, finished_at, outcome,
+                                sim_seconds, billed_seconds, cost_usd, wasted_usd, saved_usd,
+                                baseline_usd, progress_to, message)
+  SELECT u.attempt_id, u.id, u.run_id, u.attempt, u.attempt_worker_id, u.attempt_worker_name,
+         u.instance_type, u.instance_count, u.attempt_market, u.attempt_price_usd_hour,
+         u.attempt_on_demand_price_usd_hour, u.attempt_started_at, u.attempt_queued_at,
+         u.attempt_progress_from, u.attempt_cap_usd, u.attempt_reserved_usd,
+         u.attempt_executor_job, now(), u.outcome, u.sim_seconds, u.billed_seconds,
+         u.cost_micros / 1000000.0, u.wasted_micros / 1000000.0, u.saved_micros / 1000000.0,
+         u.baseline_micros / 1000000.0, u.progress_to, NULLIF(u.message, '')
+  FROM updated u)
+SELECT id, run_id, state FROM updated;
 
 -- name: ReleaseDependents
 -- Stages whose needs all succeeded become ready; one notify per pool that gained work.
@@ -228,14 +244,14 @@ SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 -- billed up to their last heartbeat (what anyone knows ran), never past their spend cap.
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
-       (a.price_usd_hour * 1000000)::bigint,
-       least(greatest(extract(epoch FROM (coalesce(s.heartbeat_at, a.started_at)
-                                          - a.started_at)), 0) * r.speed,
-             coalesce((a.cap_usd * 3600 / nullif(a.price_usd_hour * a.instance_count, 0))::float8,
+       (s.attempt_price_usd_hour * 1000000)::bigint,
+       least(greatest(extract(epoch FROM (coalesce(s.heartbeat_at, s.attempt_started_at)
+                                          - s.attempt_started_at)), 0) * r.speed,
+             coalesce((s.attempt_cap_usd * 3600
+                       / nullif(s.attempt_price_usd_hour * s.instance_count, 0))::float8,
                       'infinity')),  -- never past its spend cap
-       s.market, r.speed, a.progress_from, coalesce(s.live_progress, -1)
+       s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1)
 FROM trnflow.stages s
-JOIN trnflow.attempts a ON a.stage_id = s.id AND a.attempt = s.attempts
 JOIN trnflow.runs r ON r.id = s.run_id
 WHERE s.state = 'running' AND s.lease_expires_at < now()
 ORDER BY s.lease_expires_at
@@ -244,8 +260,5 @@ FOR UPDATE OF s SKIP LOCKED;
 
 -- name: RecordExecutorJob
 -- The executor's job id of a running attempt, only while this worker holds its lease.
-UPDATE trnflow.attempts a SET executor_job = $3
-FROM trnflow.stages s
-WHERE a.stage_id = $1 AND a.attempt = $2 AND a.outcome IS NULL
-  AND s.id = a.stage_id AND s.state = 'running' AND s.attempts = $2
-  AND s.lease_owner = $4::uuid
+UPDATE trnflow.stages s SET attempt_executor_job = $3
+WHERE s.id = $1 AND s.state = 'running' AND s.attempts = $2 AND s.lease_owner = $4::uuid

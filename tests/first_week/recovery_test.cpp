@@ -92,7 +92,7 @@ TEST(Recovery, AWorkerKilledMidTrainingLosesOnlyWhatFollowedItsLastCheckpoint) {
 
   // kill -9 mid-training, a second later than the last checkpoint reached the catalog.
   double ran_wall = QueryNumber(
-      "SELECT extract(epoch FROM now() - started_at) FROM trnflow.attempts WHERE stage_id = " +
+      "SELECT extract(epoch FROM now() - started_at) FROM trnflow.open_attempts WHERE stage_id = " +
       Stage(run, "train") + " AND attempt = 1");
   worker.Kill(SIGKILL);
   double checkpointed =

@@ -83,9 +83,14 @@ std::string StageId(int64_t run, const std::string& name) {
   return "(SELECT id FROM trnflow.stages WHERE run_id = " + std::to_string(run) + " AND name = '" +
          name + "')";
 }
+// A column of an attempt: from the ledger once it closed, from trnflow.open_attempts while it
+// runs (outcome and message exist only once it closed).
 std::string AttemptCol(int64_t run, const std::string& stage, int attempt, const std::string& col) {
-  return Query("SELECT " + col + " FROM trnflow.attempts WHERE stage_id = " + StageId(run, stage) +
-               " AND attempt = " + std::to_string(attempt));
+  const std::string where =
+      " WHERE stage_id = " + StageId(run, stage) + " AND attempt = " + std::to_string(attempt);
+  std::string closed = Query("SELECT " + col + " FROM trnflow.attempts" + where);
+  if (!closed.empty() || col == "outcome" || col == "message") return closed;
+  return Query("SELECT " + col + " FROM trnflow.open_attempts" + where);
 }
 std::string RunState(int64_t run) {
   return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
