@@ -97,10 +97,6 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   schema::Catalog admin(TestDatabase::owner_url());
   RunToEnd(c, MustParse(kSmall, "rls-alpha"));
   RunToEnd(c, MustParse(kSmall, "rls-beta"));
-  // And one beta run left queued (no worker runs it): its stages are in stage_states.
-  c.SubmitRun(MustParse(kSmall, "rls-beta"), Fast());
-  ASSERT_NE(c.QueryValue("SELECT count(*) FROM trnflow.stage_states WHERE project = 'rls-beta'"),
-            "0");
   std::string alice_url = TestDatabase::NewLogin("alice");
   std::string rita_url = TestDatabase::NewLogin("rita");
   // Roles are scoped to the catalog: the default one keeps trnflow_project_NAME.
@@ -117,7 +113,7 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   const std::vector<std::string> by_project = {
       "runs",         "spend_rollup",       "budgets",        "attempt_ledger", "stage_status",
       "run_status",   "spend_daily",        "spend_by_stage", "spend_by_run",   "spend_by_instance",
-      "spot_savings", "interruption_waste", "cache_savings",  "gpu_baseline", "stage_states"};
+      "spot_savings", "interruption_waste", "cache_savings",  "gpu_baseline"};
   for (const auto& t : by_project) {
     EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"),
               "0")
@@ -125,7 +121,7 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   }
   EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
   // Rows that hang off runs: only alpha's.
-  for (const auto& t : {"stages", "stage_states", "attempts", "open_attempts", "events"})
+  for (const auto& t : {"stages", "attempts", "open_attempts", "events"})
     EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
                                " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
               "0")
@@ -136,8 +132,6 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
       alice.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
   EXPECT_ANY_THROW(alice.QueryValue("UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
   EXPECT_ANY_THROW(alice.QueryValue("DELETE FROM trnflow.attempts RETURNING 1"));
-  EXPECT_ANY_THROW(
-      alice.QueryValue("UPDATE trnflow.stage_states SET state = 'ready' RETURNING 1"));
 
   schema::Catalog rita(rita_url);
   EXPECT_EQ(rita.QueryValue("SELECT count(DISTINCT project) FROM trnflow.spend_by_stage "

@@ -151,19 +151,19 @@ FROM trnflow.runs r WHERE r.finished_at IS NOT NULL GROUP BY r.state
 UNION ALL
 SELECT 'trnflow_stages', jsonb_build_object('pool', s.pool, 'state', s.state)::text,
        count(*)::float8
-FROM trnflow.stage_states s WHERE s.state IN ('ready', 'running', 'retry_wait', 'blocked')
+FROM trnflow.stages s WHERE s.state IN ('ready', 'running', 'retry_wait', 'blocked')
 GROUP BY s.pool, s.state
 UNION ALL
 -- Every pool of the hardware catalog, 0 when nothing waits, so each has a series to alert on.
-SELECT 'trnflow_queue_ready_stages', jsonb_build_object('pool', p.pool)::text, count(s.stage_id)::float8
+SELECT 'trnflow_queue_ready_stages', jsonb_build_object('pool', p.pool)::text, count(s.id)::float8
 FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
-LEFT JOIN trnflow.stage_states s ON s.pool = p.pool AND s.state = 'ready'
+LEFT JOIN trnflow.stages s ON s.pool = p.pool AND s.state = 'ready'
 GROUP BY p.pool
 UNION ALL
 SELECT 'trnflow_queue_oldest_ready_age_seconds', jsonb_build_object('pool', p.pool)::text,
        coalesce(greatest(0, extract(epoch FROM (now() - min(s.ready_at)))), 0)::float8
 FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
-LEFT JOIN trnflow.stage_states s ON s.pool = p.pool AND s.state = 'ready'
+LEFT JOIN trnflow.stages s ON s.pool = p.pool AND s.state = 'ready'
 GROUP BY p.pool
 UNION ALL
 SELECT 'trnflow_cache_hits_total', '{}', count(*)::float8

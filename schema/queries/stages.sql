@@ -4,31 +4,29 @@
 -- skipping through the ready index), lock its first candidates in priority order skipping rows
 -- other workers hold; then take turns, one stage per project per round, keeping the prefix whose
 -- instance counts fit. One project's sweep of 20,000 stages cannot hold back another's single
--- stage. The candidates come from stage_states (narrow rows, locked SKIP LOCKED; anything else
--- that changes a ready stage locks that row first), so the stage rows' updates are HOT.
--- Claimed stages run under this worker's lease with an attempt opened in the stage row
+-- stage. Claimed stages run under this worker's lease with an attempt opened in the stage row
 -- at the price in force now (its ledger row is written when it closes; queued_at: the stage's
 -- ready_at, which the claim leaves as it was, so the attempt's queue wait is started_at -
 -- queued_at). $6: only this run (0: any). `budgeted`:
 -- the run or its project has a budget, so the worker reserves a spend cap for the attempt
 -- before it runs.
 WITH RECURSIVE projects AS (
-  (SELECT project FROM trnflow.stage_states
+  (SELECT project FROM trnflow.stages
    WHERE state = 'ready' AND pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
    ORDER BY project LIMIT 1)
   UNION ALL
-  SELECT (SELECT t.project FROM trnflow.stage_states t
-          WHERE t.state = 'ready' AND t.pool = $1 AND t.project > p.project
-            AND ($6::bigint = 0 OR t.run_id = $6::bigint)
-          ORDER BY t.project LIMIT 1)
+  SELECT (SELECT s.project FROM trnflow.stages s
+          WHERE s.state = 'ready' AND s.pool = $1 AND s.project > p.project
+            AND ($6::bigint = 0 OR s.run_id = $6::bigint)
+          ORDER BY s.project LIMIT 1)
   FROM projects p WHERE p.project IS NOT NULL),
 locked AS (
   SELECT c.* FROM projects p CROSS JOIN LATERAL (
-    SELECT stage_id AS id, project, instance_count, priority, ready_at
-    FROM trnflow.stage_states
+    SELECT id, project, instance_count, priority, ready_at
+    FROM trnflow.stages
     WHERE state = 'ready' AND pool = $1 AND project = p.project AND instance_count <= $2
       AND ($6::bigint = 0 OR run_id = $6::bigint)
-    ORDER BY priority DESC, ready_at, stage_id
+    ORDER BY priority DESC, ready_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED) c
   WHERE p.project IS NOT NULL),
@@ -65,7 +63,7 @@ claimed AS (
       attempt_executor_job = NULL
   -- By id through the primary key: a join to `chosen` was planned as a hash join over a
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
-  WHERE s.id = ANY(ARRAY(SELECT id FROM chosen)) AND s.state = 'ready'
+  WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
   RETURNING s.id, s.run_id, s.attempts, s.instance_count, s.market, s.progress, s.errors,
             s.preemptions, s.spec, s.project, s.attempt_price_usd_hour)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
@@ -100,8 +98,8 @@ WITH report AS (
   SELECT * FROM unnest($3::bigint[], $4::float8[], $5::float8[], $6::float8[], $7::float8[])
     AS t(id, progress, checkpointed, sim_seconds, eta_s)),
 mine AS MATERIALIZED (  -- locked once each (an IN subquery was re-run per row)
-  SELECT id FROM trnflow.stages
-  WHERE id = ANY($3::bigint[]) AND state = 'running' AND lease_owner = $1::uuid
+  SELECT id FROM trnflow.stages  -- by id, not the leases index (see CompleteAttempts)
+  WHERE id = ANY($3::bigint[]) AND state || '' = 'running' AND lease_owner = $1::uuid
   FOR UPDATE SKIP LOCKED),
 renewed AS (
   UPDATE trnflow.stages s
@@ -116,7 +114,7 @@ renewed AS (
   RETURNING s.id)
 SELECT s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '')
 FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
-WHERE s.id = ANY($3::bigint[]) AND s.state = 'running' AND s.lease_owner = $1::uuid;
+WHERE s.id = ANY($3::bigint[]) AND s.state || '' = 'running' AND s.lease_owner = $1::uuid;
 
 -- name: CompleteAttempts
 -- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
@@ -145,7 +143,10 @@ updated AS (
       output_digest = CASE WHEN i.new_state IN ('succeeded', 'cached')
                            THEN NULLIF(i.output_digest, '') END
   FROM input i
-  WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
+  -- `state || ''`: not the partial indexes' predicate, so each row is found by its id. With
+  -- `state = 'running'` a generic plan that believed few stages run walked the whole leases
+  -- index once per batch row (seconds per batch).
+  WHERE s.id = i.stage_id AND s.state || '' = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner
   RETURNING s.id, s.run_id, s.state, i.attempt, i.outcome, i.sim_seconds, i.billed_seconds,
             i.cost_micros, i.wasted_micros, i.saved_micros, i.baseline_micros, i.progress_to,
@@ -205,28 +206,25 @@ FROM down WHERE s.id = down.stage_id AND s.state = 'blocked';
 
 -- name: FinishRuns
 -- A run ends when none of its stages can still change; $1 NULL checks every running run.
--- Both questions are asked of stage_states by (run, state): the stages that have not
--- succeeded.
 UPDATE trnflow.runs r
 SET finished_at = now(),
     state = CASE
-      WHEN EXISTS (SELECT 1 FROM trnflow.stage_states t
-                   WHERE t.run_id = r.id AND t.state = 'cancelled')
+      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id AND s.state = 'cancelled')
         THEN 'cancelled'
-      WHEN EXISTS (SELECT 1 FROM trnflow.stage_states t WHERE t.run_id = r.id
-                   AND t.state IN ('failed', 'skipped'))
+      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
+                   AND s.state IN ('failed', 'skipped'))
         THEN 'failed'
       ELSE 'succeeded' END
 WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY($1::bigint[]))
-  AND NOT EXISTS (SELECT 1 FROM trnflow.stage_states t WHERE t.run_id = r.id
-                  AND t.state IN ('blocked', 'ready', 'running', 'retry_wait'))
+  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
+                  AND s.state IN ('blocked', 'ready', 'running', 'retry_wait'))
 RETURNING r.id, r.state;
 
 -- name: RunsOnlyRunning
 -- Of these unfinished runs, those with nothing left but running stages.
 SELECT r.id FROM unnest($1::bigint[]) AS r(id)
-WHERE NOT EXISTS (SELECT 1 FROM trnflow.stage_states t WHERE t.run_id = r.id
-                  AND t.state IN ('blocked', 'ready', 'retry_wait'));
+WHERE NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
+                  AND s.state IN ('blocked', 'ready', 'retry_wait'));
 
 -- name: LockRuns
 SELECT id FROM trnflow.runs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
@@ -235,9 +233,8 @@ SELECT id FROM trnflow.runs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
 -- retry_wait stages whose backoff has elapsed become ready.
 WITH promoted AS (
   UPDATE trnflow.stages SET state = 'ready', ready_at = now()
-  WHERE id IN (SELECT s.id FROM trnflow.stage_states t JOIN trnflow.stages s ON s.id = t.stage_id
-               WHERE t.state = 'retry_wait' AND t.ready_at <= now() AND s.state = 'retry_wait'
-               ORDER BY t.ready_at LIMIT 1000 FOR UPDATE OF s SKIP LOCKED)
+  WHERE id IN (SELECT id FROM trnflow.stages WHERE state = 'retry_wait' AND ready_at <= now()
+               ORDER BY ready_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
   RETURNING pool),
 notified AS (SELECT pg_notify('trnflow_ready', pool) FROM (SELECT DISTINCT pool FROM promoted) p)
 SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
@@ -254,10 +251,9 @@ SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
                        / nullif(s.attempt_price_usd_hour * s.instance_count, 0))::float8,
                       'infinity')),  -- never past its spend cap
        s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1)
-FROM trnflow.stage_states t
-JOIN trnflow.stages s ON s.id = t.stage_id
+FROM trnflow.stages s
 JOIN trnflow.runs r ON r.id = s.run_id
-WHERE t.state = 'running' AND s.state = 'running' AND s.lease_expires_at < now()
+WHERE s.state = 'running' AND s.lease_expires_at < now()
 ORDER BY s.lease_expires_at
 LIMIT 1000
 FOR UPDATE OF s SKIP LOCKED;

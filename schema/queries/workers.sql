@@ -14,10 +14,8 @@ UPDATE trnflow.workers SET stopped_at = now() WHERE id = $1::uuid;
 SELECT w.id::text, w.host, w.pid, w.pools::text, coalesce(w.only_run, 0),
        extract(epoch FROM (now() - w.heartbeat_at))::float8,
        coalesce((SELECT jsonb_object_agg(u.pool, u.used)::text
-                 FROM (SELECT s.pool, sum(s.instance_count) AS used
-                       FROM trnflow.stage_states t JOIN trnflow.stages s ON s.id = t.stage_id
-                       WHERE t.state = 'running' AND s.state = 'running'
-                         AND s.lease_owner = w.id
+                 FROM (SELECT s.pool, sum(s.instance_count) AS used FROM trnflow.stages s
+                       WHERE s.state = 'running' AND s.lease_owner = w.id
                        GROUP BY s.pool) u), '{}')
 FROM trnflow.workers w
 WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => $1)
@@ -33,9 +31,9 @@ SELECT s.id, s.state, s.pool, s.instance_count, s.attempts, s.priority, r.state,
                  FROM trnflow.stage_deps d JOIN trnflow.stages n ON n.id = d.needs_id
                  WHERE d.stage_id = s.id AND n.state NOT IN ('succeeded', 'cached')), ''),
        CASE WHEN s.state = 'ready'
-            THEN (SELECT count(*) FROM trnflow.stage_states q
+            THEN (SELECT count(*) FROM trnflow.stages q
                   WHERE q.state = 'ready' AND q.pool = s.pool
-                    AND (q.priority, -extract(epoch FROM q.ready_at), -q.stage_id)
+                    AND (q.priority, -extract(epoch FROM q.ready_at), -q.id)
                         > (s.priority, -extract(epoch FROM s.ready_at), -s.id))
             ELSE 0 END,
        coalesce(l.outcome, ''), coalesce(l.message, ''),
