@@ -49,15 +49,13 @@ claimed AS (
       attempt_id = nextval('trnflow.attempts_id_seq'), attempt_worker_id = $3::uuid,
       attempt_worker_name = $4,
       attempt_market = s.market,
-      attempt_price_usd_hour = (SELECT CASE WHEN s.market = 'spot' THEN spot_usd_hour
-                                            ELSE on_demand_usd_hour END
-                                FROM trnflow.prices
-                                WHERE instance_type = s.instance_type AND valid_from <= now()
-                                ORDER BY valid_from DESC LIMIT 1),
-      attempt_on_demand_price_usd_hour = (SELECT on_demand_usd_hour FROM trnflow.prices
-                                          WHERE instance_type = s.instance_type
-                                            AND valid_from <= now()
-                                          ORDER BY valid_from DESC LIMIT 1),
+      -- Both prices from the one price row in force (none: both NULL).
+      (attempt_price_usd_hour, attempt_on_demand_price_usd_hour) =
+        (SELECT CASE WHEN s.market = 'spot' THEN spot_usd_hour ELSE on_demand_usd_hour END,
+                on_demand_usd_hour
+         FROM trnflow.prices
+         WHERE instance_type = s.instance_type AND valid_from <= now()
+         ORDER BY valid_from DESC LIMIT 1),
       attempt_started_at = now(), attempt_queued_at = s.ready_at,
       attempt_progress_from = s.progress, attempt_cap_usd = NULL, attempt_reserved_usd = NULL,
       attempt_executor_job = NULL
