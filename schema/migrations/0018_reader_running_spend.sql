@@ -1,7 +1,9 @@
 -- The site's reader sees spend, and the spend of attempts still running is spend: `trnflow
 -- spend` adds it under its table, and for the reader that query failed (no SELECT on
 -- open_attempts, nor on the stage and run columns it reads: the cap an attempt may not pass
--- and the run's speed, which turn its time so far into dollars).
+-- and the run's speed, which turn its time so far into dollars). Reading a view checks every
+-- column it is built from, so the reader also gets the open attempt's worker id and executor
+-- job id (ids, no secrets).
 DO $$
 DECLARE r text := trnflow.reader_role();
 BEGIN
