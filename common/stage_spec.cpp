@@ -67,37 +67,38 @@ std::string SubstituteRunExpressions(const std::string& text, const std::string&
 }
 
 std::string ToJson(const StageSpec& s) {
-  nlohmann::json on = nlohmann::json::array();
-  for (Outcome o : s.retry.on) on.push_back(ToString(o));
-  nlohmann::json j = {
-      {"name", s.name},
-      {"kind", ToString(s.kind)},
-      {"instance", s.instance},
-      {"count", s.count},
-      {"market", ToString(s.market)},
-      {"command",
-       {{"argv", s.command.argv},
-        {"shell", s.command.shell},
-        {"env", s.command.env},
-        {"secrets", s.command.secrets},
-        {"outputs", s.command.outputs ? nlohmann::json(*s.command.outputs) : nullptr}}},
-      {"workload",
-       s.workload_json.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(s.workload_json)},
-      {"retry",
-       {{"max_attempts", s.retry.max_attempts},
-        {"on", on},
-        {"backoff",
-         {{"initial_s", s.retry.backoff.initial_s},
-          {"factor", s.retry.backoff.factor},
-          {"max_s", s.retry.backoff.max_s}}},
-        {"max_interruptions", s.retry.max_interruptions},
-        {"then", s.retry.then_market}}},
-      {"checkpoint", {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}}},
-      {"timeout_s", s.timeout_s},
-      {"cache", s.cache},
-      {"cache_key", s.cache_key},
-      {"cache_inputs", s.cache_inputs},
-  };
+  static const StageSpec d;
+  nlohmann::json j = {{"name", s.name},
+                      {"kind", ToString(s.kind)},
+                      {"instance", s.instance},
+                      {"count", s.count},
+                      {"market", ToString(s.market)}};
+  nlohmann::json c = nlohmann::json::object();
+  if (!s.command.argv.empty()) c["argv"] = s.command.argv;
+  if (s.command.shell) c["shell"] = true;
+  if (!s.command.env.empty()) c["env"] = s.command.env;
+  if (!s.command.secrets.empty()) c["secrets"] = s.command.secrets;
+  if (s.command.outputs) c["outputs"] = *s.command.outputs;
+  if (!c.empty()) j["command"] = std::move(c);
+  if (!s.workload_json.empty()) j["workload"] = nlohmann::json::parse(s.workload_json);
+  if (s.retry != d.retry) {
+    nlohmann::json on = nlohmann::json::array();
+    for (Outcome o : s.retry.on) on.push_back(ToString(o));
+    j["retry"] = {{"max_attempts", s.retry.max_attempts},
+                  {"on", on},
+                  {"backoff",
+                   {{"initial_s", s.retry.backoff.initial_s},
+                    {"factor", s.retry.backoff.factor},
+                    {"max_s", s.retry.backoff.max_s}}},
+                  {"max_interruptions", s.retry.max_interruptions},
+                  {"then", s.retry.then_market}};
+  }
+  if (s.checkpoint != d.checkpoint)
+    j["checkpoint"] = {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}};
+  if (s.timeout_s != d.timeout_s) j["timeout_s"] = s.timeout_s;
+  if (s.cache) j["cache"] = true;
+  if (!s.cache_key.empty()) j["cache_key"] = s.cache_key;
+  if (!s.cache_inputs.empty()) j["cache_inputs"] = s.cache_inputs;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -110,28 +111,33 @@ StageSpec StageSpecFromJson(std::string_view text) {
     s.instance = j.at("instance").get<std::string>();
     s.count = j.at("count").get<int>();
     s.market = ParseMarket(j.at("market").get<std::string>()).value();
-    const auto& c = j.at("command");
-    s.command.argv = c.at("argv").get<std::vector<std::string>>();
-    s.command.shell = c.at("shell").get<bool>();
-    s.command.env = c.at("env").get<std::map<std::string, std::string>>();
-    if (c.contains("secrets")) s.command.secrets = c.at("secrets").get<std::vector<std::string>>();
-    if (c.contains("outputs") && !c.at("outputs").is_null())
-      s.command.outputs = c.at("outputs").get<std::vector<std::string>>();
-    if (!j.at("workload").is_null()) s.workload_json = j.at("workload").dump();
-    const auto& r = j.at("retry");
-    s.retry.max_attempts = r.at("max_attempts").get<int>();
-    s.retry.on.clear();
-    for (const auto& o : r.at("on"))
-      s.retry.on.push_back(ParseOutcome(o.get<std::string>()).value());
-    s.retry.backoff.initial_s = r.at("backoff").at("initial_s").get<double>();
-    s.retry.backoff.factor = r.at("backoff").at("factor").get<double>();
-    s.retry.backoff.max_s = r.at("backoff").at("max_s").get<double>();
-    s.retry.max_interruptions = r.at("max_interruptions").get<int>();
-    s.retry.then_market = r.at("then").get<std::string>();
-    s.checkpoint.every_s = j.at("checkpoint").at("every_s").get<double>();
-    s.checkpoint.on_notice = j.at("checkpoint").at("on_notice").get<bool>();
-    s.timeout_s = j.at("timeout_s").get<double>();
-    s.cache = j.at("cache").get<bool>();
+    if (auto c = j.find("command"); c != j.end()) {
+      if (c->contains("argv")) s.command.argv = c->at("argv").get<std::vector<std::string>>();
+      s.command.shell = c->value("shell", false);
+      if (c->contains("env")) s.command.env = c->at("env").get<std::map<std::string, std::string>>();
+      if (c->contains("secrets"))
+        s.command.secrets = c->at("secrets").get<std::vector<std::string>>();
+      if (c->contains("outputs") && !c->at("outputs").is_null())
+        s.command.outputs = c->at("outputs").get<std::vector<std::string>>();
+    }
+    if (auto w = j.find("workload"); w != j.end() && !w->is_null()) s.workload_json = w->dump();
+    if (auto r = j.find("retry"); r != j.end()) {
+      s.retry.max_attempts = r->at("max_attempts").get<int>();
+      s.retry.on.clear();
+      for (const auto& o : r->at("on"))
+        s.retry.on.push_back(ParseOutcome(o.get<std::string>()).value());
+      s.retry.backoff.initial_s = r->at("backoff").at("initial_s").get<double>();
+      s.retry.backoff.factor = r->at("backoff").at("factor").get<double>();
+      s.retry.backoff.max_s = r->at("backoff").at("max_s").get<double>();
+      s.retry.max_interruptions = r->at("max_interruptions").get<int>();
+      s.retry.then_market = r->at("then").get<std::string>();
+    }
+    if (auto c = j.find("checkpoint"); c != j.end()) {
+      s.checkpoint.every_s = c->at("every_s").get<double>();
+      s.checkpoint.on_notice = c->at("on_notice").get<bool>();
+    }
+    s.timeout_s = j.value("timeout_s", 0.0);
+    s.cache = j.value("cache", false);
     s.cache_key = j.value("cache_key", "");
     s.cache_inputs = j.value("cache_inputs", "");
     return s;

@@ -31,6 +31,32 @@ Loc At(const YAML::Node& n, Loc fallback = {}) {
   return {m.line + 1, m.column + 1};
 }
 
+// A mapping read once, its values looked up by key. yaml-cpp's operator[] formats a missing
+// key through a stringstream (for the text of an error it may never raise); a stage's dozen
+// optional fields looked up that way were a fifth of parsing a 10,000-stage file.
+class Keyed {
+ public:
+  Keyed() = default;
+  explicit Keyed(const YAML::Node& map) : node_(map) {
+    if (map.IsMap())
+      for (auto it = map.begin(); it != map.end(); ++it)
+        if (it->first.IsScalar()) entries_.emplace_back(it->first.Scalar(), it->second);
+  }
+  YAML::Node operator[](std::string_view key) const {  // the first, as yaml-cpp's
+    for (const auto& [k, v] : entries_)
+      if (k == key) return v;
+    static const YAML::Node undefined(YAML::NodeType::Undefined);  // a copy shares it
+    return undefined;
+  }
+  operator const YAML::Node&() const { return node_; }
+  YAML::const_iterator begin() const { return node_.begin(); }
+  YAML::const_iterator end() const { return node_.end(); }
+
+ private:
+  YAML::Node node_;
+  std::vector<std::pair<std::string, YAML::Node>> entries_;
+};
+
 const std::regex kPipelineName("[a-z0-9][a-z0-9-]{0,62}");
 const std::regex kStageName("[A-Za-z0-9][A-Za-z0-9_-]{0,62}");
 
@@ -188,21 +214,20 @@ class Parser {
   // --- sections ---------------------------------------------------------------------------
   void ParseParams(const YAML::Node& n);
   void ParseStages(const YAML::Node& stages);
-  void ParseStage(const std::string& name, Loc name_loc, const YAML::Node& n,
+  void ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
                   const std::map<std::string, std::string>* matrix);
   std::optional<sim::Model> ParseModel(const YAML::Node& n, const Scope& scope);
   void ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out);
   void ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out);
-  void ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st);
-  void ParseSecrets(const YAML::Node& n, Stage* st);
+  void ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stage* st);
+  void ParseSecrets(const Keyed& n, Stage* st);
   void ResolveNeeds();
   void InheritModels();
 
   // A stage field, or the same field from `defaults:`.
-  YAML::Node Field(const YAML::Node& stage, const char* key) const {
-    if (stage[key]) return stage[key];
-    if (defaults_.IsMap() && defaults_[key]) return defaults_[key];
-    return YAML::Node(YAML::NodeType::Undefined);
+  YAML::Node Field(const Keyed& stage, const char* key) const {
+    if (YAML::Node v = stage[key]) return v;
+    return defaults_[key];
   }
 
   const std::string& text_;
@@ -210,7 +235,7 @@ class Parser {
   Diagnostics diags_;
   const sim::Catalog& catalog_;
   Pipeline p_;
-  YAML::Node defaults_;
+  Keyed defaults_;
   std::map<std::string, std::vector<std::string>> expansions_;  // base name -> expanded names
   std::map<std::string, std::vector<std::pair<std::string, Loc>>> raw_needs_;  // expanded name
 };
@@ -615,7 +640,7 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
 // restore it, and a key over the command alone cannot tell one run's files from another's.
 // `secrets: [NAME, ...]`: names only, resolved by the worker. An env: value under a name that
 // looks like a credential is stored in the catalog for every project member to read: warn.
-void Parser::ParseSecrets(const YAML::Node& n, Stage* st) {
+void Parser::ParseSecrets(const Keyed& n, Stage* st) {
   static const std::regex name(R"([A-Z_][A-Z0-9_]{0,127})");
   static const std::regex looks_secret(
       R"((^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_))");
@@ -652,7 +677,7 @@ void Parser::ParseSecrets(const YAML::Node& n, Stage* st) {
   }
 }
 
-void Parser::ParseOutputs(const YAML::Node& n, Loc name_loc, const Scope& scope, Stage* st) {
+void Parser::ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stage* st) {
   const std::string prefix = "${{ run.dir }}/";
   if (const YAML::Node& o = n["outputs"]) {
     if (!o.IsSequence()) {
@@ -712,6 +737,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
   std::vector<std::pair<YAML::Node, YAML::Node>> entries;
   for (auto it = stages.begin(); it != stages.end(); ++it)
     entries.push_back({it->first, it->second});
+  p_.stages.reserve(entries.size());  // a matrix may add more
   std::set<std::string> field_names(kCommonStageKeys.begin(), kCommonStageKeys.end());
   for (const auto& [kind, keys] : kKindKeys) field_names.insert(keys.begin(), keys.end());
   std::set<std::string> seen;
@@ -748,13 +774,14 @@ void Parser::ParseStages(const YAML::Node& stages) {
                    "digit");
       continue;
     }
-    const YAML::Node n = entries[e].second;
-    if (!n.IsMap()) {
-      diags_.Error(n.IsNull() ? name_loc : At(n, name_loc),
+    const YAML::Node node = entries[e].second;
+    if (!node.IsMap()) {
+      diags_.Error(node.IsNull() ? name_loc : At(node, name_loc),
                    "stage '" + name + "' must be a mapping of its fields",
                    "give it at least run: or kind:");
       continue;
     }
+    const Keyed n(node);
     const YAML::Node matrix = n["matrix"];
     if (!matrix) {
       ParseStage(name, name_loc, n, nullptr);
@@ -826,7 +853,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
   }
 }
 
-void Parser::ParseStage(const std::string& name, Loc name_loc, const YAML::Node& n,
+void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
                         const std::map<std::string, std::string>* matrix) {
   Scope scope{&p_.params, matrix, name};
   Stage st;
@@ -1363,12 +1390,11 @@ LoadResult Parser::Run() {
           p_.spot_rate_multiplier = *v;
     }
   }
-  if (root["defaults"]) {
-    defaults_ = root["defaults"];
-    if (ExpectMap(defaults_, "defaults"))
-      CheckMap(defaults_, kDefaultsKeys, "defaults");
-    else
-      defaults_ = YAML::Node();
+  if (const YAML::Node d = root["defaults"]) {
+    if (ExpectMap(d, "defaults")) {
+      CheckMap(d, kDefaultsKeys, "defaults");
+      defaults_ = Keyed(d);
+    }
   }
   if (!root["stages"]) {
     diags_.Error(At(root, {1, 1}), "missing required field 'stages'",

@@ -114,6 +114,26 @@ TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE name = 'fan'"), "1");
 }
 
+TEST(Catalog, SubmitRefusesAnInstanceTypeTheCatalogDoesNotHaveAndWritesNothing) {
+  // The parser knows the catalog's instance types, but submit_run is callable by any member
+  // with whatever arrays they like: the check is in SQL (it was the stages' foreign key).
+  schema::Catalog c(TestDatabase::url());
+  auto p = MustParse(FanOut(3));
+  p.stages[2].spec.instance = "x9.imaginary";
+  std::string runs = c.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string stages = c.QueryValue("SELECT count(*) FROM trnflow.stages");
+  try {
+    c.SubmitRun(p, Fast());
+    FAIL() << "a stage on an unknown instance type was submitted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown instance type \"x9.imaginary\""),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), runs);
+  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages"), stages);
+}
+
 TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(
