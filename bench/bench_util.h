@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/stage_spec.h"
 #include "schema/catalog.h"
 
 namespace trnflow::bench {
@@ -92,7 +94,8 @@ inline CostSnapshot SnapshotCost(const std::string& database) {
         "SELECT coalesce(sum(total_exec_time), 0)::text FROM pg_stat_statements "
         "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '" + database + "')");
     if (!pg.empty()) s.pg_ms = std::stod(pg);
-  } catch (const std::exception&) {  // no pg_stat_statements here: the figures stay -1
+  } catch (const std::exception& e) {  // no pg_stat_statements here: the figures stay -1
+    std::fprintf(stderr, "bench: no server figures: %s\n", e.what());
   }
   return s;
 }
@@ -116,7 +119,6 @@ inline double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
-// A run with `n` stages in `state`, inserted in one statement (as the catalog holds them).
 // A run of `n` independent no-op stages in `state` (ready, blocked, or finished), inserted in
 // one statement as the catalog holds them; returns the run's id.
 inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& state,
@@ -128,12 +130,11 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
       "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
       "SELECT id, 'bench', 1e9, 1, '/', '" +
       std::string(open ? "running" : "succeeded") + "' FROM p RETURNING id");
-  std::string spec =
-      R"({"name":"s","kind":"run","instance":"c6i.large","count":1,"market":"on-demand",)"
-      R"("command":{"argv":["true"],"shell":false,"env":{}},"workload":null,)"
-      R"("retry":{"max_attempts":1,"on":[],"backoff":{"initial_s":30,"factor":2,"max_s":600},)"
-      R"("max_interruptions":6,"then":"on-demand"},"checkpoint":{"every_s":0,"on_notice":false},)"
-      R"("timeout_s":0,"cache":false})";
+  StageSpec noop;  // its spec as `submit` writes it
+  noop.name = "s";
+  noop.instance = "c6i.large";
+  noop.command.argv = {"true"};
+  const std::string spec = ToJson(noop);
   c.QueryValue(
       "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
       "instance_count, market, state, spec, ready_at, attempts, finished_at) "
