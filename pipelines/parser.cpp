@@ -45,8 +45,9 @@ class Keyed {
   YAML::Node operator[](std::string_view key) const {  // the first, as yaml-cpp's
     for (const auto& [k, v] : entries_)
       if (k == key) return v;
-    static const YAML::Node undefined(YAML::NodeType::Undefined);  // a copy shares it
-    return undefined;
+    // A new one each time: a yaml-cpp node is a handle, and assigning to a copy of a shared
+    // one would change what every other lookup returns.
+    return YAML::Node(YAML::NodeType::Undefined);
   }
   operator const YAML::Node&() const { return node_; }
   YAML::const_iterator begin() const { return node_.begin(); }

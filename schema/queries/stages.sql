@@ -173,25 +173,9 @@ closed AS (
 SELECT id, run_id, state FROM updated;
 
 -- name: ReleaseDependents
--- Stages whose needs all succeeded become ready; one notify per pool that gained work.
-WITH done AS (SELECT unnest($1::bigint[]) AS id),
-dec AS (
-  SELECT d.stage_id, count(*) AS n
-  FROM trnflow.stage_deps d JOIN done ON d.needs_id = done.id
-  GROUP BY d.stage_id),
-released AS (
-  UPDATE trnflow.stages s
-  SET pending_needs = s.pending_needs - dec.n,
-      state = CASE WHEN s.state = 'blocked' AND s.pending_needs - dec.n = 0
-                   THEN 'ready' ELSE s.state END,
-      ready_at = CASE WHEN s.state = 'blocked' AND s.pending_needs - dec.n = 0
-                      THEN now() ELSE s.ready_at END
-  FROM dec WHERE s.id = dec.stage_id
-  RETURNING s.pool, s.state),
-notified AS (
-  SELECT pg_notify('trnflow_ready', pool)
-  FROM (SELECT DISTINCT pool FROM released WHERE state = 'ready') p)
-SELECT count(*) FROM notified;
+-- Stages whose needs all succeeded become ready; one notify per pool that gained work
+-- (trnflow.release_dependents, migration 0020: by index, whatever the statistics say).
+SELECT trnflow.release_dependents($1::bigint[]);
 
 -- name: SkipDescendants
 -- Everything downstream of a stage that failed for good can never run.

@@ -86,6 +86,7 @@ TEST_F(Tenants, AMemberCannotWriteTheLedgerOrTakeTheServicesLocks) {
            "LOCK TABLE trnflow.migration_lock IN EXCLUSIVE MODE; SELECT 1",
            "SELECT trnflow.reserve_budgets('{1}', '{1}', '{NULL}')",
            "SELECT trnflow.grant_project('ten-b', current_user, true)",
+           "SELECT trnflow.release_dependents('{1}')",
        })
     EXPECT_THROW(alice.QueryValue(sql), PermissionDenied) << sql;
   EXPECT_EQ(LedgerChecksum(), before) << "a member changed the ledger";
