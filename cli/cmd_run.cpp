@@ -222,8 +222,8 @@ std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
 // the budget refuses it.
 int64_t AdmitAndSubmit(schema::Catalog& catalog, const pipelines::Pipeline& p, const RunArgs& a) {
   auto opts = SubmitOptionsFor(a);
-  AdmitOrRefuse(catalog, p, EstimatePlan(p, &catalog), a.project.empty() ? p.project : a.project,
-                a.force);
+  AdmitOrRefuse(catalog, p, [&] { return EstimatePlan(p, &catalog); },
+                a.project.empty() ? p.project : a.project, a.force);
   return catalog.SubmitRun(p, opts);
 }
 

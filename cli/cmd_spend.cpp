@@ -380,8 +380,12 @@ std::pair<std::string, std::string> TwoFigures(Money a, Money b) {
 // left, unless forced. Nothing is written when it refuses. Stages of unknown length count at
 // their billing minimum, as in `plan`; the message says so.
 void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
-                   const pipelines::Plan& plan, const std::string& project, bool force) {
+                   const std::function<pipelines::Plan()>& make_plan, const std::string& project,
+                   bool force) {
   if (force) return;
+  auto budgets = catalog.ProjectBudgets(project);
+  if (!p.budget && budgets.empty()) return;  // nothing to check against
+  const pipelines::Plan plan = make_plan();
   Money estimate = plan.total_cost;
   std::string unknown;
   if (!plan.unknown_stages.empty()) {
@@ -394,7 +398,6 @@ void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
     throw Refused("the plan estimates " + est + unknown + ", over this run's budget_usd " + cap +
                   " (see `trnflow plan`); raise budget_usd, or pass --force");
   }
-  auto budgets = catalog.ProjectBudgets(project);
   for (const auto& b : budgets) {
     Money left = b.amount - b.spent;
     if (estimate > left) {
@@ -405,7 +408,7 @@ void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
                     " spent); raise it with `trnflow budget set`, or pass --force");
     }
   }
-  if (!unknown.empty() && (p.budget || !budgets.empty())) {
+  if (!unknown.empty()) {
     std::string names;
     for (const auto& n : plan.unknown_stages) names += (names.empty() ? "" : ", ") + n;
     std::cerr << "trnflow: note: the budget check counted " << names

@@ -2,6 +2,7 @@
 // One function per subcommand; each returns the process exit code (docs/cli.md) and may
 // throw UserError (exit 2), CatalogUnavailable (exit 3), PermissionDenied or Refused (exit 4),
 // which main() reports. `format` is "table" or "json" (docs/cli.md: the JSON rules).
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -109,9 +110,12 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // print it when the run ends).
 void PrintRunJson(schema::Catalog& catalog, int64_t run_id);
 // Throws Refused (exit 4, nothing written) when the plan's total (EstimatePlan, the figure
-// `plan` prints) exceeds the budget left, unless forced.
+// `plan` prints) exceeds the budget left, unless forced. The plan is made only when a budget
+// applies (the run's budget_usd or one of its project's): for 10,000 stages it reads their
+// history from the catalog.
 void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
-                   const pipelines::Plan& plan, const std::string& project, bool force);
+                   const std::function<pipelines::Plan()>& plan, const std::string& project,
+                   bool force);
 // The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the
 // environment's spot rate applied; nullopt when it has errors.
 std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a);
