@@ -41,7 +41,8 @@ std::vector<int64_t> Catalog::Impl::FinishRuns(pqxx::work& tx,
 }
 
 std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
-                                              const std::vector<AttemptResult>& results) {
+                                              const std::vector<AttemptResult>& results,
+                                              std::vector<int64_t>* released) {
   std::vector<int64_t> ids, billed, cost, wasted, saved, baseline;
   std::vector<int> attempts;
   std::vector<std::string> owners, outcomes, states, markets, messages, digests;
@@ -98,7 +99,15 @@ std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
     if (r.outcome == Outcome::kBudgetExceeded && run_of.count(r.stage_id))
       over_budget.insert(run_of[r.stage_id]);
   for (int64_t run : over_budget) Exec(tx, "CancelRun", run, std::string("budget_exceeded"));
-  if (!succeeded.empty()) Exec(tx, "ReleaseDependents", NumberArray(succeeded));
+  if (!succeeded.empty()) {
+    std::vector<int64_t> ready;
+    for (const auto& row : Exec(tx, "ReleaseDependents", NumberArray(succeeded)))
+      ready.push_back(row[0].as<int64_t>());
+    if (released)
+      released->insert(released->end(), ready.begin(), ready.end());
+    else if (!ready.empty())
+      Exec(tx, "NotifyReady", NumberArray(ready));
+  }
   if (!failed.empty()) Exec(tx, "SkipDescendants", NumberArray(failed));
   if (!runs.empty()) {
     std::sort(runs.begin(), runs.end());
@@ -175,7 +184,8 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     Committed out;
-    if (!results.empty()) out.applied = impl_->Complete(tx, results);
+    std::vector<int64_t> released;
+    if (!results.empty()) out.applied = impl_->Complete(tx, results, &released);
     // Own writes are visible to the next statement: the stages just released are ready here.
     for (const auto& c : claims)
       out.claimed.push_back(c.free_instances <= 0
@@ -183,6 +193,13 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
                                 : ReadClaims(impl_->Exec(tx, "ClaimReadyStages", c.pool,
                                                          c.free_instances, worker_id,
                                                          worker_name, lease_s, only_run)));
+    // Only what this transaction left ready wakes the workers (this one included): announcing
+    // what it claimed itself made each of them run a claim that found nothing.
+    std::set<int64_t> taken;
+    for (const auto& batch : out.claimed)
+      for (const auto& c : batch) taken.insert(c.stage_id);
+    std::erase_if(released, [&](int64_t id) { return taken.count(id) > 0; });
+    if (!released.empty()) impl_->Exec(tx, "NotifyReady", NumberArray(released));
     tx.commit();
     return out;
   });

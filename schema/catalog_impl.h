@@ -189,7 +189,11 @@ struct Catalog::Impl {
 
   // Runs whose stages have all ended, and the results of attempts (catalog_claim.cpp).
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids);
-  std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results);
+  // Closes attempts, releases dependents and finishes runs. The stages released are announced
+  // (NotifyReady) at once, or, given `released`, left there for the caller to announce after
+  // its own claims in the same transaction have taken what they can.
+  std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results,
+                                 std::vector<int64_t>* released = nullptr);
 };
 
 }  // namespace trnflow::schema

@@ -195,6 +195,53 @@ TEST(Catalog, ClaimCanBeLimitedToOneRun) {
   EXPECT_EQ(claimed[0].run_id, first);
 }
 
+// A worker that closes a batch claims, in the same transaction, the stages the batch released.
+// Announcing those woke every listening worker (the releasing one too) for a claim that found
+// nothing; only what the transaction leaves ready is announced.
+TEST(Catalog, ACompletionAnnouncesOnlyTheReleasedStagesItDidNotClaimItself) {
+  schema::Catalog c(TestDatabase::url());
+  schema::Catalog listener(TestDatabase::url());
+  listener.ListenForReadyStages();
+  int64_t run = c.SubmitRun(MustParse("pipeline: wake\nproject: lab\nstages:\n"
+                                      "  a: {run: [\"true\"]}\n"
+                                      "  b: {run: [\"true\"], needs: [a]}\n"
+                                      "  c: {run: [\"true\"], needs: [a]}\n"
+                                      "  d: {run: [\"true\"], needs: [b]}\n"),
+                            Fast());
+  auto drained = [&] {  // what earlier statements announced, the submit's own included
+    while (listener.AwaitNotifications(200).ready > 0) {
+    }
+    return true;
+  };
+  const std::string me = "00000000-0000-4000-8000-000000000005";
+  auto done = [&](const schema::ClaimedStage& s) {
+    schema::AttemptResult r;
+    r.stage_id = s.stage_id;
+    r.attempt = s.attempt;
+    r.lease_owner = me;
+    return r;
+  };
+  auto a = c.ClaimReadyStages("cpu", 10, me, "test:5", 30, run);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_TRUE(drained());
+
+  // a releases b and c; this transaction claims both: nobody is woken.
+  auto first = c.CompleteAndClaim({done(a[0])}, {{"cpu", 10}}, me, "test:5", 30, run);
+  ASSERT_EQ(first.applied.size(), 1u);
+  ASSERT_EQ(first.claimed.size(), 1u);
+  ASSERT_EQ(first.claimed[0].size(), 2u);
+  EXPECT_EQ(listener.AwaitNotifications(500).ready, 0);
+
+  // b releases d, and this transaction has no room for it: the pool is announced.
+  const auto& b = first.claimed[0][0].spec.name == "b" ? first.claimed[0][0] : first.claimed[0][1];
+  auto second = c.CompleteAndClaim({done(b)}, {{"cpu", 0}}, me, "test:5", 30, run);
+  ASSERT_EQ(second.applied.size(), 1u);
+  EXPECT_GT(listener.AwaitNotifications(2000).ready, 0);
+  EXPECT_EQ(c.QueryValue("SELECT state FROM trnflow.stages WHERE name = 'd' AND run_id = " +
+                         std::to_string(run)),
+            "ready");
+}
+
 TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(

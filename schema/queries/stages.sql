@@ -173,9 +173,16 @@ closed AS (
 SELECT id, run_id, state FROM updated;
 
 -- name: ReleaseDependents
--- Stages whose needs all succeeded become ready; one notify per pool that gained work
--- (trnflow.release_dependents, migration 0020: by index, whatever the statistics say).
-SELECT trnflow.release_dependents($1::bigint[]);
+-- Stages whose needs all succeeded become ready; returns them (trnflow.release_dependents,
+-- migrations 0020 and 0021: by index, whatever the statistics say). No notify: see NotifyReady.
+SELECT id FROM trnflow.release_dependents($1::bigint[]) AS r(id);
+
+-- name: NotifyReady
+-- One notify per pool in which stages of $1 are still ready: those released by this
+-- transaction that its own claims did not take. (`state || ''`: by id, not the ready index.)
+SELECT count(pg_notify('trnflow_ready', pool))
+FROM (SELECT DISTINCT pool FROM trnflow.stages
+      WHERE id = ANY($1::bigint[]) AND state || '' = 'ready') p;
 
 -- name: SkipDescendants
 -- Everything downstream of a stage that failed for good can never run.
