@@ -399,10 +399,12 @@ class Catalog {
   // What a stage waits for (`trnflow explain`); nullopt: the run has no such stage.
   std::optional<StageWait> ExplainStage(int64_t run_id, const std::string& stage);
   void StopWorker(const std::string& worker_id);
+  // Claims ready stages of `pool` that fit in `free_instances`, shared between projects
+  // (queries/stages.sql); `max_stages` > 0 takes at most that many.
   std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
                                              const std::string& worker_id,
                                              const std::string& worker_name, double lease_s,
-                                             int64_t only_run = 0);
+                                             int64_t only_run = 0, int max_stages = 0);
   // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
   // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
   // limits are left out of the answer.

@@ -166,11 +166,11 @@ std::vector<ClaimedStage> ReadClaims(const pqxx::result& r) {
 std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
                                                     const std::string& worker_id,
                                                     const std::string& worker_name, double lease_s,
-                                                    int64_t only_run) {
+                                                    int64_t only_run, int max_stages) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     pqxx::result r = impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id,
-                                 worker_name, lease_s, only_run);
+                                 worker_name, lease_s, only_run, max_stages);
     tx.commit();
     return ReadClaims(r);
   });
@@ -192,7 +192,7 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
                                 ? std::vector<ClaimedStage>{}
                                 : ReadClaims(impl_->Exec(tx, "ClaimReadyStages", c.pool,
                                                          c.free_instances, worker_id,
-                                                         worker_name, lease_s, only_run)));
+                                                         worker_name, lease_s, only_run, 0)));
     // Only what this transaction left ready wakes the workers (this one included): announcing
     // what it claimed itself made each of them run a claim that found nothing.
     std::set<int64_t> taken;

@@ -195,6 +195,20 @@ TEST(Catalog, ClaimCanBeLimitedToOneRun) {
   EXPECT_EQ(claimed[0].run_id, first);
 }
 
+// A worker woken by an announcement takes a bite, not the whole burst (workers/worker.cpp):
+// the claim stops at max_stages however much room there is, and leaves the rest unlocked.
+TEST(Catalog, AClaimTakesAtMostTheStagesItIsAskedFor) {
+  schema::Catalog c(TestDatabase::url());
+  int64_t run = c.SubmitRun(MustParse("pipeline: bite\nproject: lab\nstages:\n"
+                                      "  s: {run: [\"true\"], matrix: {i: [1, 2, 3, 4, 5]}}\n"),
+                            Fast());
+  const std::string me = "00000000-0000-4000-8000-000000000006";
+  auto first = c.ClaimReadyStages("cpu", 100, me, "test:6", 30, run, 2);
+  EXPECT_EQ(first.size(), 2u);
+  auto rest = c.ClaimReadyStages("cpu", 100, me, "test:6", 30, run);
+  EXPECT_EQ(rest.size(), 3u);
+}
+
 // A worker that closes a batch claims, in the same transaction, the stages the batch released.
 // Announcing those woke every listening worker (the releasing one too) for a claim that found
 // nothing; only what the transaction leaves ready is announced.

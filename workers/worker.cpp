@@ -223,7 +223,10 @@ struct Worker::Impl {
 
   // Claims in batches: an idle pool claims at once (pickup latency), a busy one waits until a
   // quarter of it is free or a few milliseconds have passed, so a stream of short stages is
-  // not claimed one statement per finished stage.
+  // not claimed one statement per finished stage. Each claim takes at most a quarter of the
+  // pool's capacity in stages and the loop goes on while claims come back: a burst that woke
+  // several idle workers is shared between them instead of taken whole by the first to ask.
+  // (The committer's claim is not limited: a worker keeps the dependents it releases.)
   void ClaimLoop() {
     std::unique_ptr<schema::Catalog> cat;
     const auto gather = std::chrono::milliseconds(3);
@@ -245,7 +248,7 @@ struct Worker::Impl {
         std::vector<schema::ClaimedStage> claimed;
         if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
               claimed = c.ClaimReadyStages(pool->config.name, reserved, id, name, opt.lease_s,
-                                           opt.only_run);
+                                           opt.only_run, std::max(1, pool->config.capacity / 4));
             })) {
           pool->used -= reserved;
           return;

@@ -7,7 +7,8 @@
 -- stage. Claimed stages run under this worker's lease with an attempt opened in the stage row
 -- at the price in force now (its ledger row is written when it closes; queued_at: the stage's
 -- ready_at, which the claim leaves as it was, so the attempt's queue wait is started_at -
--- queued_at). $6: only this run (0: any). `budgeted`:
+-- queued_at). $6: only this run (0: any). $7: at most this many stages (0: as many as fit).
+-- `budgeted`:
 -- the run or its project has a budget, so the worker reserves a spend cap for the attempt
 -- before it runs.
 WITH RECURSIVE projects AS (
@@ -27,7 +28,7 @@ locked AS (
     WHERE state = 'ready' AND pool = $1 AND project = p.project AND instance_count <= $2
       AND ($6::bigint = 0 OR run_id = $6::bigint)
     ORDER BY priority DESC, ready_at, id
-    LIMIT $2
+    LIMIT least($2, coalesce(nullif($7::int, 0), $2))
     FOR UPDATE SKIP LOCKED) c
   WHERE p.project IS NOT NULL),
 turns AS (
@@ -36,9 +37,9 @@ turns AS (
   FROM locked),
 chosen AS (
   SELECT id FROM (
-    SELECT id, sum(instance_count) OVER (ORDER BY turn, priority DESC, ready_at, id) AS used
-    FROM turns) x
-  WHERE used <= $2),
+    SELECT id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
+    FROM turns WINDOW w AS (ORDER BY turn, priority DESC, ready_at, id)) x
+  WHERE used <= $2 AND ($7::int = 0 OR n <= $7)),
 claimed AS (
   -- The attempt opens in the stage row: its ledger row is written once, when it closes
   -- (CompleteAttempts). Price in force now, for the market the attempt runs on.
