@@ -9,14 +9,15 @@
 #   bench/run.sh                 # the full run (about 20 minutes on 2 cores)
 #   BENCH_QUICK=1 bench/run.sh   # small sizes, one repetition: a smoke test of the harness
 #
-# Environment: BENCH_REPS (3), BENCH_PORT (55440), BENCH_PGDIR (/tmp/trnflow-bench-pg),
+# Environment: BENCH_REPS (3), BENCH_PORT (25440: below Linux's ephemeral ports, which a
+# client socket of another server may hold), BENCH_PGDIR (/tmp/trnflow-bench-pg),
 # BENCH_BUILD (build). Each workload is also its own program (build/bench/*_bench,
 # bench/peers/*.mjs) for profiling; bench/README.md says how to run one alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 reps=${BENCH_REPS:-3}
-port=${BENCH_PORT:-55440}
+port=${BENCH_PORT:-25440}
 pgdir=${BENCH_PGDIR:-/tmp/trnflow-bench-pg}
 build=${BENCH_BUILD:-build}
 drain_jobs=200000 pickup_jobs=1000 submit_jobs=10000 dag_stages=10000 report_big=10000000
