@@ -15,6 +15,7 @@
 #include "common/env.h"
 #include "common/stage_spec.h"
 #include "schema/catalog.h"
+#include "sim/catalog.h"
 
 namespace trnflow::bench {
 
@@ -30,6 +31,12 @@ inline std::string AdminUrl() {
 inline void DropBenchDatabase(const std::string& name) {
   schema::DropDatabase(AdminUrl(), name);
   schema::DropCatalogRoles(AdminUrl(), name);
+}
+
+// A benchmark's fresh catalog: migrated, with the project `bench` its stages belong to.
+inline void PrepareBenchCatalog(schema::Catalog& c) {
+  c.Migrate(sim::Catalog::Builtin());
+  c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
 }
 
 // `--name value` pairs from the command line.

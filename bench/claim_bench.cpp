@@ -84,8 +84,7 @@ Figures EmptyCatalog(int64_t ready, int batch) {
   Figures f{};
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
     f = Drain(c, ready, batch);
   }
   DropBenchDatabase(name);
@@ -108,8 +107,7 @@ int main(int argc, char** argv) {
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
     std::fprintf(
         out, "claim_bench: %lld ready stages, claimed and completed %d at a time (one worker)\n",
         static_cast<long long>(ready), batch);

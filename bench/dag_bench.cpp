@@ -31,8 +31,7 @@ int main(int argc, char** argv) {
   std::ofstream(file) << DagYaml(shape, stages);
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
   }
   double seconds = 0, submit_s = 0;
   int64_t run = 0;

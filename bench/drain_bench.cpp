@@ -38,8 +38,7 @@ int main(int argc, char** argv) {
     double start;
     {
       schema::Catalog c(url);
-      c.Migrate(sim::Catalog::Builtin());
-      c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+      PrepareBenchCatalog(c);
       run = InsertStages(c, stages, "ready", false);
       if (!feed) c.RunOutsideTransaction("ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
       for (size_t at = 0, end; at < sql.size(); at = end + 1) {  // one statement at a time

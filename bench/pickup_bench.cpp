@@ -31,8 +31,7 @@ int main(int argc, char** argv) {
   std::vector<double> latencies;
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
     int64_t run = InsertStages(c, stages, "blocked", false);
     int64_t first = std::stoll(
         c.QueryValue("SELECT min(id) FROM trnflow.stages WHERE run_id = " + std::to_string(run)));

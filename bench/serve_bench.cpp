@@ -118,8 +118,7 @@ int main(int argc, char** argv) {
   std::ofstream(file) << DagYaml(shape, stages);
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
   }
   Latencies page, api, fresh, browsers, opens;
   std::mutex browsers_mu;

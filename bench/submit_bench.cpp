@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   double cli_s = 0, parse_s = 0, plan_s = 0, insert_s = 0;
   {
     schema::Catalog c(url);
-    c.Migrate(sim::Catalog::Builtin());
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+    PrepareBenchCatalog(c);
     // The command, as a user runs it.
     std::string env_url = "TRNFLOW_DATABASE_URL=" + url;
     std::vector<char*> envp;

@@ -195,11 +195,13 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
                                                          worker_name, lease_s, only_run, 0)));
     // Only what this transaction left ready wakes the workers (this one included): announcing
     // what it claimed itself made each of them run a claim that found nothing.
-    std::set<int64_t> taken;
-    for (const auto& batch : out.claimed)
-      for (const auto& c : batch) taken.insert(c.stage_id);
-    std::erase_if(released, [&](int64_t id) { return taken.count(id) > 0; });
-    if (!released.empty()) impl_->Exec(tx, "NotifyReady", NumberArray(released));
+    if (!released.empty()) {
+      std::set<int64_t> taken;
+      for (const auto& batch : out.claimed)
+        for (const auto& c : batch) taken.insert(c.stage_id);
+      std::erase_if(released, [&](int64_t id) { return taken.count(id) > 0; });
+      if (!released.empty()) impl_->Exec(tx, "NotifyReady", NumberArray(released));
+    }
     tx.commit();
     return out;
   });
