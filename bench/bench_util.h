@@ -144,11 +144,17 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
   const std::string spec = ToJson(noop);
   c.QueryValue(
       "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
-      "instance_count, market, state, spec, ready_at, attempts, finished_at) "
+      "instance_count, market, state, pending_needs, spec, ready_at, attempts, finished_at) "
       "SELECT " +
-      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', '" +
-      spec + "'::jsonb, now(), " + (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
-      " FROM generate_series(1, " + std::to_string(n) + ") g RETURNING 1");
+      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', " +
+      (state == "blocked" ? "1" : "0") + ", '" + spec + "'::jsonb, now(), " +
+      (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") + " FROM generate_series(1, " +
+      std::to_string(n) + ") g RETURNING 1");
+  if (state == "ready")  // the queue, as submit fills it
+    c.QueryValue(
+        "INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, ready_at, "
+        "instance_count) SELECT run_id, id, project, pool, priority, ready_at, instance_count "
+        "FROM trnflow.stages WHERE run_id = " + run + " RETURNING 1");
   if (with_attempts) {
     // History, loaded in one statement: without the rollup's trigger, which would hold every
     // row of it in one transition table (the benchmarks that load history read no report).

@@ -160,9 +160,9 @@ int main(int argc, char** argv) {
       DECLARE line text; plan text := '';
       BEGIN
         FOR line IN EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
-          SELECT id FROM trnflow.stages
-          WHERE state = 'ready' AND pool = 'cpu' AND instance_count <= 64
-          ORDER BY priority DESC, ready_at, id LIMIT 64 FOR UPDATE SKIP LOCKED
+          SELECT stage_id FROM trnflow.ready_stages
+          WHERE pool = 'cpu' AND project = 'bench' AND instance_count <= 64
+          ORDER BY priority DESC, ready_at, stage_id LIMIT 64 FOR UPDATE SKIP LOCKED
         LOOP plan := plan || '  ' || line || E'\n'; END LOOP;
         RETURN plan;
       END $$)");

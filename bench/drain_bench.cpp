@@ -3,15 +3,20 @@
 // full bookkeeping of every stage: claim under a lease, an attempt opened and its ledger row
 // written with its bill, the stage's state, the dependents check and the run's finish.
 // Usage: drain_bench [--stages 200000] [--workers 1] [--capacity 128] [--batch 512]
-//                    [--feed off] [--sql 'STATEMENTS']
+//                    [--feed off] [--sql 'STATEMENTS' | --sql @FILE] [--keep yes]
 // --feed off: without the dashboard's change feed (the triggers that record every state
 // change in trnflow.changes), to measure what it costs. --sql: run on the new catalog before
 // the drain, as its owner, one statement at a time (`;` separates them), to measure what a
 // schema change would save: --sql 'ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up'.
+// --sql @FILE runs FILE as one multi-statement string instead (function bodies may hold `;`).
+// --keep yes: leave the benchmark's database in place afterwards (its name goes to stderr).
 // Prints one JSON line on stdout; needs TRNFLOW_TEST_ADMIN_URL or the local PostgreSQL.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "bench/bench_util.h"
@@ -29,6 +34,7 @@ int main(int argc, char** argv) {
   int batch = static_cast<int>(flags.Int("batch", 512));
   bool feed = flags.Text("feed", "on") != "off";
   std::string sql = flags.Text("sql", "");
+  bool keep = flags.Text("keep", "no") == "yes";
   std::string name = "trnflow_bench_drain_" + std::to_string(getpid());
   std::string url = schema::CreateDatabase(AdminUrl(), name);
   double seconds = 0;
@@ -41,10 +47,18 @@ int main(int argc, char** argv) {
       PrepareBenchCatalog(c);
       run = InsertStages(c, stages, "ready", false);
       if (!feed) c.RunOutsideTransaction("ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
-      for (size_t at = 0, end; at < sql.size(); at = end + 1) {  // one statement at a time
-        end = std::min(sql.find(';', at), sql.size());
-        if (sql.find_first_not_of(" \n", at) < end)
-          c.RunOutsideTransaction(sql.substr(at, end - at));
+      if (sql.starts_with("@")) {
+        std::ifstream file(sql.substr(1));
+        std::stringstream text;
+        text << file.rdbuf();
+        if (!file) throw std::runtime_error("drain_bench: cannot read " + sql.substr(1));
+        c.RunOutsideTransaction(text.str());
+      } else {
+        for (size_t at = 0, end; at < sql.size(); at = end + 1) {  // one statement at a time
+          end = std::min(sql.find(';', at), sql.size());
+          if (sql.find_first_not_of(" \n", at) < end)
+            c.RunOutsideTransaction(sql.substr(at, end - at));
+        }
       }
       c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
       // The clock starts before the worker processes do (their start-up counts).
@@ -72,7 +86,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  DropBenchDatabase(name);
+  if (keep) std::fprintf(stderr, "drain_bench: kept database %s\n", name.c_str());
+  else DropBenchDatabase(name);
   std::printf(
       "{\"system\":\"trnflow\",\"workload\":\"drain\",\"jobs\":%lld,\"processes\":%d,"
       "\"capacity\":%d,\"feed\":%s,\"seconds\":%.3f,\"per_s\":%.0f,%s}\n",

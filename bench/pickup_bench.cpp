@@ -57,9 +57,12 @@ int main(int argc, char** argv) {
       t += std::chrono::microseconds(1000000 / rate);
       std::this_thread::sleep_until(t);
       c.QueryValue(
-          "WITH r AS (UPDATE trnflow.stages SET state = 'ready', ready_at = now() WHERE id = " +
-          std::to_string(first + i) +
-          " RETURNING pool) SELECT pg_notify('trnflow_ready', pool) FROM r");
+          "WITH r AS (UPDATE trnflow.stages SET state = 'ready', ready_at = now(), "
+          "pending_needs = 0 WHERE id = " + std::to_string(first + i) +
+          " RETURNING run_id, id, project, pool, priority, ready_at, instance_count), "
+          "q AS (INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, "
+          "ready_at, instance_count) SELECT * FROM r) "
+          "SELECT pg_notify('trnflow_ready', pool) FROM r");
       committed[i] = now_ns();
     }
     auto deadline = Clock::now() + std::chrono::seconds(10);

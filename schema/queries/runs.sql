@@ -127,7 +127,7 @@ ORDER BY stage_id, id DESC;
 SELECT cancelled, stages_cancelled, stages_running FROM trnflow.cancel_run($1, $2);
 
 -- name: CountRunningStages
-SELECT count(*) FROM trnflow.stages WHERE run_id = $1 AND state = 'running';
+SELECT count(*) FROM trnflow.running_stages WHERE run_id = $1;
 
 -- name: ResetStages
 -- Resume ($2 NULL) or retry a stage, checked in SQL against this login's projects.

@@ -149,21 +149,30 @@ UNION ALL
 SELECT 'trnflow_runs_finished_total', jsonb_build_object('state', r.state)::text, count(*)::float8
 FROM trnflow.runs r WHERE r.finished_at IS NOT NULL GROUP BY r.state
 UNION ALL
-SELECT 'trnflow_stages', jsonb_build_object('pool', s.pool, 'state', s.state)::text,
+-- Unfinished stages by pool and state: ready ones from the queue, running ones from
+-- running_stages, the others from the stages that wait (migration 0022's index).
+SELECT 'trnflow_stages', jsonb_build_object('pool', u.pool, 'state', u.state)::text,
        count(*)::float8
-FROM trnflow.stages s WHERE s.state IN ('ready', 'running', 'retry_wait', 'blocked')
-GROUP BY s.pool, s.state
+FROM (SELECT q.pool, 'ready' AS state FROM trnflow.ready_stages q
+      UNION ALL
+      SELECT s.pool, s.state FROM trnflow.running_stages q JOIN trnflow.stages s ON s.id = q.stage_id
+      UNION ALL
+      SELECT s.pool, s.state FROM trnflow.stages s
+      WHERE (s.pending_needs > 0 OR s.retry_at IS NOT NULL)
+        AND s.state IN ('retry_wait', 'blocked')) u
+GROUP BY u.pool, u.state
 UNION ALL
 -- Every pool of the hardware catalog, 0 when nothing waits, so each has a series to alert on.
-SELECT 'trnflow_queue_ready_stages', jsonb_build_object('pool', p.pool)::text, count(s.id)::float8
+SELECT 'trnflow_queue_ready_stages', jsonb_build_object('pool', p.pool)::text,
+       count(q.stage_id)::float8
 FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
-LEFT JOIN trnflow.stages s ON s.pool = p.pool AND s.state = 'ready'
+LEFT JOIN trnflow.ready_stages q ON q.pool = p.pool
 GROUP BY p.pool
 UNION ALL
 SELECT 'trnflow_queue_oldest_ready_age_seconds', jsonb_build_object('pool', p.pool)::text,
-       coalesce(greatest(0, extract(epoch FROM (now() - min(s.ready_at)))), 0)::float8
+       coalesce(greatest(0, extract(epoch FROM (now() - min(q.ready_at)))), 0)::float8
 FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
-LEFT JOIN trnflow.stages s ON s.pool = p.pool AND s.state = 'ready'
+LEFT JOIN trnflow.ready_stages q ON q.pool = p.pool
 GROUP BY p.pool
 UNION ALL
 SELECT 'trnflow_cache_hits_total', '{}', count(*)::float8

@@ -1,45 +1,50 @@
 -- name: ClaimReadyStages
 -- One statement claims as many ready stages of a pool as fit in the free capacity
 -- ($2 instances), shared between projects: for each project with ready stages (found by
--- skipping through the ready index), lock its first candidates in priority order skipping rows
--- other workers hold; then take turns, one stage per project per round, keeping the prefix whose
--- instance counts fit. One project's sweep of 20,000 stages cannot hold back another's single
--- stage. Claimed stages run under this worker's lease with an attempt opened in the stage row
--- at the price in force now (its ledger row is written when it closes; queued_at: the stage's
--- ready_at, which the claim leaves as it was, so the attempt's queue wait is started_at -
--- queued_at). $6: only this run (0: any). $7: at most this many stages (0: as many as fit).
--- `budgeted`:
--- the run or its project has a budget, so the worker reserves a spend cap for the attempt
--- before it runs.
+-- skipping through the queue, trnflow.ready_stages), lock its first candidates in priority
+-- order skipping rows other workers hold; then take turns, one stage per project per round,
+-- keeping the prefix whose instance counts fit. One project's sweep of 20,000 stages cannot
+-- hold back another's single stage. Claimed stages leave the queue for running_stages and run
+-- under this worker's lease with an attempt opened in the stage row at the price in force now
+-- (its ledger row is written when it closes; queued_at: the stage's ready_at, which the claim
+-- leaves as it was, so the attempt's queue wait is started_at - queued_at). No index of
+-- `stages` holds a column this update writes, so the new row version stays on its page
+-- (migration 0022). $6: only this run (0: any). $7: at most this many stages (0: as many as
+-- fit). `budgeted`: the run or its project has a budget, so the worker reserves a spend cap
+-- for the attempt before it runs.
 WITH RECURSIVE projects AS (
-  (SELECT project FROM trnflow.stages
-   WHERE state = 'ready' AND pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
+  (SELECT project FROM trnflow.ready_stages
+   WHERE pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
    ORDER BY project LIMIT 1)
   UNION ALL
-  SELECT (SELECT s.project FROM trnflow.stages s
-          WHERE s.state = 'ready' AND s.pool = $1 AND s.project > p.project
-            AND ($6::bigint = 0 OR s.run_id = $6::bigint)
-          ORDER BY s.project LIMIT 1)
+  SELECT (SELECT q.project FROM trnflow.ready_stages q
+          WHERE q.pool = $1 AND q.project > p.project
+            AND ($6::bigint = 0 OR q.run_id = $6::bigint)
+          ORDER BY q.project LIMIT 1)
   FROM projects p WHERE p.project IS NOT NULL),
 locked AS (
   SELECT c.* FROM projects p CROSS JOIN LATERAL (
-    SELECT id, project, instance_count, priority, ready_at
-    FROM trnflow.stages
-    WHERE state = 'ready' AND pool = $1 AND project = p.project AND instance_count <= $2
+    SELECT ctid AS row, stage_id AS id, project, instance_count, priority, ready_at
+    FROM trnflow.ready_stages
+    WHERE pool = $1 AND project = p.project AND instance_count <= $2
       AND ($6::bigint = 0 OR run_id = $6::bigint)
-    ORDER BY priority DESC, ready_at, id
+    ORDER BY priority DESC, ready_at, stage_id
     LIMIT least($2, coalesce(nullif($7::int, 0), $2))
     FOR UPDATE SKIP LOCKED) c
   WHERE p.project IS NOT NULL),
 turns AS (
-  SELECT id, instance_count, priority, ready_at,
+  SELECT row, id, instance_count, priority, ready_at,
          row_number() OVER (PARTITION BY project ORDER BY priority DESC, ready_at, id) AS turn
   FROM locked),
 chosen AS (
-  SELECT id FROM (
-    SELECT id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
+  SELECT row, id FROM (
+    SELECT row, id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
     FROM turns WINDOW w AS (ORDER BY turn, priority DESC, ready_at, id)) x
   WHERE used <= $2 AND ($7::int = 0 OR n <= $7)),
+-- Out of the queue by the rows locked above (no index needed to find them again).
+dequeued AS (
+  DELETE FROM trnflow.ready_stages q WHERE q.ctid = ANY(ARRAY(SELECT row FROM chosen))
+  RETURNING q.stage_id),
 claimed AS (
   -- The attempt opens in the stage row: its ledger row is written once, when it closes
   -- (CompleteAttempts). Price in force now, for the market the attempt runs on.
@@ -62,9 +67,12 @@ claimed AS (
       attempt_executor_job = NULL
   -- By id through the primary key: a join to `chosen` was planned as a hash join over a
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
-  WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
+  WHERE s.id = ANY(ARRAY(SELECT stage_id FROM dequeued)) AND s.state = 'ready'
   RETURNING s.id, s.run_id, s.attempts, s.instance_count, s.market, s.progress, s.errors,
-            s.preemptions, s.spec, s.project, s.attempt_price_usd_hour)
+            s.preemptions, s.spec, s.project, s.attempt_price_usd_hour),
+leased AS (
+  INSERT INTO trnflow.running_stages (run_id, stage_id, project)
+  SELECT run_id, id, project FROM claimed)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
        c.preemptions, c.spec::text, (c.attempt_price_usd_hour * 1000000)::bigint, r.speed, r.seed,
        r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, c.project,
@@ -97,8 +105,8 @@ WITH report AS (
   SELECT * FROM unnest($3::bigint[], $4::float8[], $5::float8[], $6::float8[], $7::float8[])
     AS t(id, progress, checkpointed, sim_seconds, eta_s)),
 mine AS MATERIALIZED (  -- locked once each (an IN subquery was re-run per row)
-  SELECT id FROM trnflow.stages  -- by id, not the leases index (see CompleteAttempts)
-  WHERE id = ANY($3::bigint[]) AND state || '' = 'running' AND lease_owner = $1::uuid
+  SELECT id FROM trnflow.stages
+  WHERE id = ANY($3::bigint[]) AND state = 'running' AND lease_owner = $1::uuid
   FOR UPDATE SKIP LOCKED),
 renewed AS (
   UPDATE trnflow.stages s
@@ -113,7 +121,7 @@ renewed AS (
   RETURNING s.id)
 SELECT s.id, s.attempts, r.state = 'cancelled', coalesce(r.cancel_reason, '')
 FROM trnflow.stages s JOIN trnflow.runs r ON r.id = s.run_id
-WHERE s.id = ANY($3::bigint[]) AND s.state || '' = 'running' AND s.lease_owner = $1::uuid;
+WHERE s.id = ANY($3::bigint[]) AND s.state = 'running' AND s.lease_owner = $1::uuid;
 
 -- name: CompleteAttempts
 -- Closes a batch of attempts. Each write is fenced on (stage, attempt, lease owner): a
@@ -137,17 +145,17 @@ updated AS (
       ready_at = CASE WHEN i.new_state = 'retry_wait'
                       THEN now() + make_interval(secs => i.retry_in_s)
                       WHEN i.new_state = 'ready' THEN now() ELSE s.ready_at END,
+      retry_at = CASE WHEN i.new_state = 'retry_wait'
+                      THEN now() + make_interval(secs => i.retry_in_s) END,
       finished_at = CASE WHEN i.new_state IN ('succeeded', 'cached', 'failed', 'cancelled')
                          THEN now() END,
       output_digest = CASE WHEN i.new_state IN ('succeeded', 'cached')
                            THEN NULLIF(i.output_digest, '') END
   FROM input i
-  -- `state || ''`: not the partial indexes' predicate, so each row is found by its id. With
-  -- `state = 'running'` a generic plan that believed few stages run walked the whole leases
-  -- index once per batch row (seconds per batch).
-  WHERE s.id = i.stage_id AND s.state || '' = 'running' AND s.attempts = i.attempt
+  WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner
-  RETURNING s.id, s.run_id, s.state, i.attempt, i.outcome, i.sim_seconds, i.billed_seconds,
+  RETURNING s.id, s.run_id, s.state, s.project, s.pool, s.priority, s.ready_at,
+            i.attempt, i.outcome, i.sim_seconds, i.billed_seconds,
             i.cost_micros, i.wasted_micros, i.saved_micros, i.baseline_micros, i.progress_to,
             i.message, s.attempt_id, s.attempt_worker_id, s.attempt_worker_name,
             s.instance_type, s.instance_count, s.attempt_market, s.attempt_price_usd_hour,
@@ -170,7 +178,15 @@ closed AS (
          u.attempt_executor_job, now(), u.outcome, u.sim_seconds, u.billed_seconds,
          u.cost_micros / 1000000.0, u.wasted_micros / 1000000.0, u.saved_micros / 1000000.0,
          u.baseline_micros / 1000000.0, u.progress_to, NULLIF(u.message, '')
-  FROM updated u)
+  FROM updated u),
+unleased AS (
+  DELETE FROM trnflow.running_stages q USING updated u
+  WHERE q.run_id = u.run_id AND q.stage_id = u.id),
+requeued AS (
+  INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, ready_at,
+                                    instance_count)
+  SELECT run_id, id, project, pool, priority, ready_at, instance_count
+  FROM updated WHERE state = 'ready')
 SELECT id, run_id, state FROM updated;
 
 -- name: ReleaseDependents
@@ -180,10 +196,10 @@ SELECT id FROM trnflow.release_dependents($1::bigint[]) AS r(id);
 
 -- name: NotifyReady
 -- One notify per pool in which stages of $1 are still ready: those released by this
--- transaction that its own claims did not take. (`state || ''`: by id, not the ready index.)
+-- transaction that its own claims did not take.
 SELECT count(pg_notify('trnflow_ready', pool))
 FROM (SELECT DISTINCT pool FROM trnflow.stages
-      WHERE id = ANY($1::bigint[]) AND state || '' = 'ready') p;
+      WHERE id = ANY($1::bigint[]) AND state = 'ready') p;
 
 -- name: SkipDescendants
 -- Everything downstream of a stage that failed for good can never run.
@@ -191,41 +207,38 @@ WITH RECURSIVE down AS (
   SELECT d.stage_id FROM trnflow.stage_deps d WHERE d.needs_id = ANY($1::bigint[])
   UNION
   SELECT d.stage_id FROM trnflow.stage_deps d JOIN down ON d.needs_id = down.stage_id)
-UPDATE trnflow.stages s SET state = 'skipped', finished_at = now()
+UPDATE trnflow.stages s SET state = 'skipped', finished_at = now(), pending_needs = 0
 FROM down WHERE s.id = down.stage_id AND s.state = 'blocked';
 
 -- name: FinishRuns
 -- A run ends when none of its stages can still change; $1 NULL checks every running run.
 UPDATE trnflow.runs r
-SET finished_at = now(),
-    state = CASE
-      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id AND s.state = 'cancelled')
-        THEN 'cancelled'
-      WHEN EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
-                   AND s.state IN ('failed', 'skipped'))
-        THEN 'failed'
-      ELSE 'succeeded' END
+SET finished_at = now(), state = trnflow.run_outcome(r.id)
 WHERE r.state = 'running' AND ($1::bigint[] IS NULL OR r.id = ANY($1::bigint[]))
-  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
-                  AND s.state IN ('blocked', 'ready', 'running', 'retry_wait'))
+  AND NOT trnflow.run_has_unfinished(r.id)
 RETURNING r.id, r.state;
 
 -- name: RunsOnlyRunning
 -- Of these unfinished runs, those with nothing left but running stages.
 SELECT r.id FROM unnest($1::bigint[]) AS r(id)
-WHERE NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id  -- stages_unfinished
-                  AND s.state IN ('blocked', 'ready', 'retry_wait'));
+WHERE NOT EXISTS (SELECT 1 FROM trnflow.ready_stages q WHERE q.run_id = r.id)
+  AND NOT EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = r.id
+                  AND (s.pending_needs > 0 OR s.retry_at IS NOT NULL));
 
 -- name: LockRuns
 SELECT id FROM trnflow.runs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: PromoteRetries
--- retry_wait stages whose backoff has elapsed become ready.
+-- retry_wait stages whose backoff has elapsed become ready and join the queue.
 WITH promoted AS (
-  UPDATE trnflow.stages SET state = 'ready', ready_at = now()
-  WHERE id IN (SELECT id FROM trnflow.stages WHERE state = 'retry_wait' AND ready_at <= now()
-               ORDER BY ready_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
-  RETURNING pool),
+  UPDATE trnflow.stages SET state = 'ready', ready_at = now(), retry_at = NULL
+  WHERE id IN (SELECT id FROM trnflow.stages WHERE retry_at <= now() AND state = 'retry_wait'
+               ORDER BY retry_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
+  RETURNING id, run_id, project, pool, priority, ready_at, instance_count),
+queued AS (
+  INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, ready_at,
+                                    instance_count)
+  SELECT run_id, id, project, pool, priority, ready_at, instance_count FROM promoted),
 notified AS (SELECT pg_notify('trnflow_ready', pool) FROM (SELECT DISTINCT pool FROM promoted) p)
 SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 
@@ -241,7 +254,8 @@ SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
                        / nullif(s.attempt_price_usd_hour * s.instance_count, 0))::float8,
                       'infinity')),  -- never past its spend cap
        s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1)
-FROM trnflow.stages s
+FROM trnflow.running_stages q
+JOIN trnflow.stages s ON s.id = q.stage_id
 JOIN trnflow.runs r ON r.id = s.run_id
 WHERE s.state = 'running' AND s.lease_expires_at < now()
 ORDER BY s.lease_expires_at

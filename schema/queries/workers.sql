@@ -14,7 +14,8 @@ UPDATE trnflow.workers SET stopped_at = now() WHERE id = $1::uuid;
 SELECT w.id::text, w.host, w.pid, w.pools::text, coalesce(w.only_run, 0),
        extract(epoch FROM (now() - w.heartbeat_at))::float8,
        coalesce((SELECT jsonb_object_agg(u.pool, u.used)::text
-                 FROM (SELECT s.pool, sum(s.instance_count) AS used FROM trnflow.stages s
+                 FROM (SELECT s.pool, sum(s.instance_count) AS used
+                       FROM trnflow.running_stages q JOIN trnflow.stages s ON s.id = q.stage_id
                        WHERE s.state = 'running' AND s.lease_owner = w.id
                        GROUP BY s.pool) u), '{}')
 FROM trnflow.workers w
@@ -31,9 +32,9 @@ SELECT s.id, s.state, s.pool, s.instance_count, s.attempts, s.priority, r.state,
                  FROM trnflow.stage_deps d JOIN trnflow.stages n ON n.id = d.needs_id
                  WHERE d.stage_id = s.id AND n.state NOT IN ('succeeded', 'cached')), ''),
        CASE WHEN s.state = 'ready'
-            THEN (SELECT count(*) FROM trnflow.stages q
-                  WHERE q.state = 'ready' AND q.pool = s.pool
-                    AND (q.priority, -extract(epoch FROM q.ready_at), -q.id)
+            THEN (SELECT count(*) FROM trnflow.ready_stages q
+                  WHERE q.pool = s.pool
+                    AND (q.priority, -extract(epoch FROM q.ready_at), -q.stage_id)
                         > (s.priority, -extract(epoch FROM s.ready_at), -s.id))
             ELSE 0 END,
        coalesce(l.outcome, ''), coalesce(l.message, ''),
