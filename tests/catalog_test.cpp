@@ -46,6 +46,8 @@ scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions()
 schema::SubmitOptions Fast() { return testing::FastSubmit(); }
 
 std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
+// Stages out of step with the queue tables (tests/test_db.h); "0" when all is well.
+std::string QueueMismatches() { return testing::Query(testing::kQueueMismatchesSql); }
 
 bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "running"; }
 
@@ -268,6 +270,7 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
       c.ClaimReadyStages("trn1", 1, "00000000-0000-4000-8000-0000000000de", "dead:1", 0.2);
   ASSERT_EQ(claimed.size(), 1u);
   scheduler::Scheduler sched(SchedOpts());
+  EXPECT_EQ(QueueMismatches(), "0");  // claimed: out of the queue, into running_stages
   workers::Worker worker(WorkerOpts({{"trn1", 2}}));
   sched.Start();
   ASSERT_TRUE(WaitFor(
@@ -283,6 +286,7 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
   EXPECT_GT(attempts[0].cost.micros(), 0);
   EXPECT_EQ(attempts[0].wasted, attempts[0].cost);
   EXPECT_EQ(attempts[1].outcome, "succeeded");
+  EXPECT_EQ(QueueMismatches(), "0");
 }
 
 TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
@@ -308,6 +312,7 @@ TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
   EXPECT_EQ(state["after"], "skipped");
   EXPECT_EQ(state["later"], "skipped");
   EXPECT_EQ(state["side"], "succeeded");
+  EXPECT_EQ(QueueMismatches(), "0");  // the skipped stages wait for nothing
   auto attempts = c.GetAttempts(run);
   bool found = false;
   for (const auto& a : attempts)
@@ -335,12 +340,15 @@ TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
   workers::Worker worker(WorkerOpts({{"cpu", 1}}));
   sched.Start();
   worker.Start();
+  ASSERT_TRUE(WaitFor([&] { return c.GetStages(run)[0].state == "retry_wait"; }, 10));
+  EXPECT_EQ(QueueMismatches(), "0");  // waiting out its backoff, not in the queue
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
   EXPECT_EQ(RunState(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 2u);
   EXPECT_EQ(attempts[0].outcome, "infra_error");
   EXPECT_EQ(attempts[1].outcome, "succeeded");
+  EXPECT_EQ(QueueMismatches(), "0");
 }
 
 // Spot interruptions come from the run's seed: the same seed replays the same market.
@@ -418,6 +426,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   std::filesystem::create_directories(Home() + "/runs/" + std::to_string(run));
   std::ofstream(Home() + "/runs/" + std::to_string(run) + "/fixed") << "1";
   EXPECT_EQ(c.ResumeRun(run), 2);  // b (failed) and c (skipped)
+  EXPECT_EQ(QueueMismatches(), "0");  // b ready again, c blocked on it
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
   EXPECT_EQ(RunState(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
@@ -427,12 +436,14 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   EXPECT_THROW(c.ResumeRun(run), UserError);  // nothing failed
   // Retry b: b and c again, nothing else.
   EXPECT_EQ(c.RetryStage(run, "b"), 2);
+  EXPECT_EQ(QueueMismatches(), "0");
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
   EXPECT_EQ(RunState(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
   EXPECT_EQ(attempts_of("b"), 3);
   EXPECT_EQ(attempts_of("c"), 2);
   EXPECT_EQ(attempts_of("d"), 1);
+  EXPECT_EQ(QueueMismatches(), "0");
 }
 
 TEST(Engine, CancelStopsRunningStagesPromptly) {
@@ -453,12 +464,14 @@ TEST(Engine, CancelStopsRunningStagesPromptly) {
   EXPECT_TRUE(report.cancelled);
   EXPECT_EQ(report.stages_cancelled, 1);  // after
   EXPECT_EQ(report.stages_running, 2);
+  EXPECT_EQ(QueueMismatches(), "0");  // `after` cancelled: it waits for nothing now
   // The notify wakes the worker's heartbeat at once; allow a generous bound.
   ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 5));
   EXPECT_EQ(RunState(c, run), "cancelled");
   for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(a.outcome, "cancelled");
   for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
   EXPECT_FALSE(c.CancelRun(run).cancelled);
+  EXPECT_EQ(QueueMismatches(), "0");
 }
 
 // A real job that checkpoints to TRNFLOW_CHECKPOINT_DIR is interrupted (SIGTERM at the spot
@@ -866,6 +879,7 @@ TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
   EXPECT_EQ(c.QueryValue("SELECT count(DISTINCT stage_id) FROM trnflow.attempts WHERE run_id = " +
                          r + " AND outcome = 'succeeded'"),
             "122");
+  EXPECT_EQ(QueueMismatches(), "0");
   if (GetParam() > 1) {
     EXPECT_GT(std::stoi(c.QueryValue("SELECT count(DISTINCT worker_id) FROM trnflow.attempts "
                                      "WHERE run_id = " +
@@ -890,6 +904,7 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
   }  // Stop(): grace, SIGTERM, hand back
   auto s = c.GetStages(run)[0];
   EXPECT_EQ(s.state, "ready");
+  EXPECT_EQ(QueueMismatches(), "0");  // handed back: in the queue again
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 1u);
   EXPECT_EQ(attempts[0].outcome, "cancelled");
@@ -991,6 +1006,9 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
     EXPECT_EQ(report.to_version, schema::Catalog::BinarySchemaVersion());
     o.RequireCurrentSchema();
   }
+  // The migration filled the queue tables from the stages as they were (the running one
+  // included) and zeroed the skipped stage's pending needs.
+  EXPECT_EQ(QueueMismatches(), "0");
   const std::string daemon = schema::EnableDaemonLogin(owner);
   schema::Catalog c(daemon);
   const int64_t old_run = std::stoll(run);

@@ -84,6 +84,7 @@ void ExpectConsistent(int64_t run, int stages) {
                   " WHERE a.stage_id = s.id)"),
             "0")
       << "an attempt number without its ledger row";
+  EXPECT_EQ(Query(testing::kQueueMismatchesSql), "0") << "a stage out of step with the queue tables";
 }
 
 // root -> 1,000-way fan-out -> join -> 10 chains of 100 -> final: 2,003 stages.

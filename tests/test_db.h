@@ -34,6 +34,19 @@ class TestDatabase : public ::testing::Environment {
 // the schema owner ops/setup.sh made (/etc/trnflow/owner.url).
 std::string AdminUrl();
 
+// How many stages break the queue's bookkeeping (migration 0022), read in one snapshot so it
+// holds at any moment, mid-run included: a stage is in ready_stages exactly when it is ready,
+// in running_stages exactly when it runs, has pending needs exactly when it is blocked, and a
+// retry time exactly when it waits for one.
+inline constexpr const char* kQueueMismatchesSql =
+    "SELECT count(*) FROM trnflow.stages s WHERE"
+    " (s.state = 'ready') <> EXISTS (SELECT 1 FROM trnflow.ready_stages q"
+    "                                WHERE q.run_id = s.run_id AND q.stage_id = s.id)"
+    " OR (s.state = 'running') <> EXISTS (SELECT 1 FROM trnflow.running_stages q"
+    "                                     WHERE q.run_id = s.run_id AND q.stage_id = s.id)"
+    " OR (s.state = 'blocked') <> (s.pending_needs > 0)"
+    " OR (s.state = 'retry_wait') <> (s.retry_at IS NOT NULL)";
+
 // One value from this binary's database as its schema owner (every project's rows): "" for
 // NULL or no row. QueryNumber: the same as a number, -1 for NULL or no row.
 std::string Query(const std::string& sql);

@@ -118,19 +118,60 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = o
 $$;
 REVOKE EXECUTE ON FUNCTION trnflow.run_outcome(bigint) FROM PUBLIC;
 
--- Whatever the stages of a run, is anything in it still to run?
+-- Is anything in a run still to run? Three index probes. No SET clause, so the planner
+-- inlines it into the statement that calls it (every name in it is schema-qualified).
 CREATE FUNCTION trnflow.run_has_unfinished(p_run bigint) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-  SELECT EXISTS (SELECT 1 FROM trnflow.ready_stages WHERE run_id = p_run)
-      OR EXISTS (SELECT 1 FROM trnflow.running_stages WHERE run_id = p_run)
-      OR EXISTS (SELECT 1 FROM trnflow.stages WHERE run_id = p_run
-                 AND (pending_needs > 0 OR retry_at IS NOT NULL))
+LANGUAGE sql STABLE AS $$
+  SELECT EXISTS (SELECT 1 FROM trnflow.ready_stages q WHERE q.run_id = p_run)
+      OR EXISTS (SELECT 1 FROM trnflow.running_stages q WHERE q.run_id = p_run)
+      OR EXISTS (SELECT 1 FROM trnflow.stages s WHERE s.run_id = p_run
+                 AND (s.pending_needs > 0 OR s.retry_at IS NOT NULL))
 $$;
 REVOKE EXECUTE ON FUNCTION trnflow.run_has_unfinished(bigint) FROM PUBLIC;
 
 DO $$
 BEGIN
   EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.run_outcome(bigint), trnflow.run_has_unfinished(bigint) TO %I',
+                 trnflow.daemon_role());
+END $$;
+
+-- The claim's first step: for each project with ready stages of the pool (found by skipping
+-- through the queue's index), lock its first candidates in priority order, skipping rows
+-- other workers hold. By the index whatever the statistics say: before the queue was first
+-- analyzed (a big run just submitted), the planner sorted every ready row of a project for
+-- each claim (~30 ms per claim at 100,000 ready stages).
+CREATE FUNCTION trnflow.lock_ready_stages(p_pool text, p_capacity int, p_run bigint, p_max int)
+RETURNS TABLE (o_row tid, o_stage bigint, o_project text, o_instance_count int, o_priority int,
+               o_ready_at timestamptz)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH RECURSIVE projects AS (
+    (SELECT q.project FROM trnflow.ready_stages q
+     WHERE q.pool = p_pool AND (p_run = 0 OR q.run_id = p_run)
+     ORDER BY q.project LIMIT 1)
+    UNION ALL
+    SELECT (SELECT q.project FROM trnflow.ready_stages q
+            WHERE q.pool = p_pool AND q.project > p.project AND (p_run = 0 OR q.run_id = p_run)
+            ORDER BY q.project LIMIT 1)
+    FROM projects p WHERE p.project IS NOT NULL)
+  SELECT c.ctid, c.stage_id, c.project, c.instance_count, c.priority, c.ready_at
+  FROM projects p CROSS JOIN LATERAL (
+    SELECT q.ctid, q.stage_id, q.project, q.instance_count, q.priority, q.ready_at
+    FROM trnflow.ready_stages q
+    WHERE q.pool = p_pool AND q.project = p.project AND q.instance_count <= p_capacity
+      AND (p_run = 0 OR q.run_id = p_run)
+    ORDER BY q.priority DESC, q.ready_at, q.stage_id
+    LIMIT least(p_capacity, coalesce(nullif(p_max, 0), p_capacity))
+    FOR UPDATE SKIP LOCKED) c
+  WHERE p.project IS NOT NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION trnflow.lock_ready_stages(text, int, bigint, int) FROM PUBLIC;
+DO $$
+BEGIN
+  EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.lock_ready_stages(text, int, bigint, int) TO %I',
                  trnflow.daemon_role());
 END $$;
 

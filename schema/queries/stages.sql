@@ -2,7 +2,8 @@
 -- One statement claims as many ready stages of a pool as fit in the free capacity
 -- ($2 instances), shared between projects: for each project with ready stages (found by
 -- skipping through the queue, trnflow.ready_stages), lock its first candidates in priority
--- order skipping rows other workers hold; then take turns, one stage per project per round,
+-- order skipping rows other workers hold (trnflow.lock_ready_stages, migration 0022: by the
+-- queue's index whatever the statistics say); then take turns, one stage per project per round,
 -- keeping the prefix whose instance counts fit. One project's sweep of 20,000 stages cannot
 -- hold back another's single stage. Claimed stages leave the queue for running_stages and run
 -- under this worker's lease with an attempt opened in the stage row at the price in force now
@@ -12,38 +13,21 @@
 -- (migration 0022). $6: only this run (0: any). $7: at most this many stages (0: as many as
 -- fit). `budgeted`: the run or its project has a budget, so the worker reserves a spend cap
 -- for the attempt before it runs.
-WITH RECURSIVE projects AS (
-  (SELECT project FROM trnflow.ready_stages
-   WHERE pool = $1 AND ($6::bigint = 0 OR run_id = $6::bigint)
-   ORDER BY project LIMIT 1)
-  UNION ALL
-  SELECT (SELECT q.project FROM trnflow.ready_stages q
-          WHERE q.pool = $1 AND q.project > p.project
-            AND ($6::bigint = 0 OR q.run_id = $6::bigint)
-          ORDER BY q.project LIMIT 1)
-  FROM projects p WHERE p.project IS NOT NULL),
-locked AS (
-  SELECT c.* FROM projects p CROSS JOIN LATERAL (
-    SELECT ctid AS row, stage_id AS id, project, instance_count, priority, ready_at
-    FROM trnflow.ready_stages
-    WHERE pool = $1 AND project = p.project AND instance_count <= $2
-      AND ($6::bigint = 0 OR run_id = $6::bigint)
-    ORDER BY priority DESC, ready_at, stage_id
-    LIMIT least($2, coalesce(nullif($7::int, 0), $2))
-    FOR UPDATE SKIP LOCKED) c
-  WHERE p.project IS NOT NULL),
+WITH locked AS (
+  SELECT * FROM trnflow.lock_ready_stages($1, $2, $6::bigint, $7::int)
+    AS l(queue_row, id, project, instance_count, priority, ready_at)),
 turns AS (
-  SELECT row, id, instance_count, priority, ready_at,
+  SELECT queue_row, id, instance_count, priority, ready_at,
          row_number() OVER (PARTITION BY project ORDER BY priority DESC, ready_at, id) AS turn
   FROM locked),
 chosen AS (
-  SELECT row, id FROM (
-    SELECT row, id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
+  SELECT queue_row, id FROM (
+    SELECT queue_row, id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
     FROM turns WINDOW w AS (ORDER BY turn, priority DESC, ready_at, id)) x
   WHERE used <= $2 AND ($7::int = 0 OR n <= $7)),
 -- Out of the queue by the rows locked above (no index needed to find them again).
 dequeued AS (
-  DELETE FROM trnflow.ready_stages q WHERE q.ctid = ANY(ARRAY(SELECT row FROM chosen))
+  DELETE FROM trnflow.ready_stages q WHERE q.ctid = ANY(ARRAY(SELECT queue_row FROM chosen))
   RETURNING q.stage_id),
 claimed AS (
   -- The attempt opens in the stage row: its ledger row is written once, when it closes
