@@ -172,7 +172,7 @@ struct Catalog::Impl {
       // Refusals and bad input the catalog names itself: the message (and hint) is the
       // user's answer; the SQL behind it is not.
       if (state == "42501") throw PermissionDenied(ServerMessage(e));
-      if (state == "TF001") throw Refused(ServerMessage(e));  // a project's quota (exit 4)
+      if (state == "TF001") throw Refused(ServerMessage(e));  // quota; daemons in the way (exit 4)
       if (state.rfind("TF", 0) == 0 || state == "22023" || state == "42704" || state == "42710" ||
           state == "23514")
         throw UserError(ServerMessage(e));

@@ -913,6 +913,36 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
             "0");
 }
 
+// Migration 0022 moves the queue out of `stages`; daemons of the version before would not
+// keep it, so it refuses to apply while one runs (exit 4 in the CLI) and applies once they
+// stopped.
+TEST(Catalog, TheQueueMigrationWaitsForTheOldDaemonsToStop) {
+  const std::string name = TestDatabase::database_name() + "_q";
+  const std::string owner = schema::CreateDatabase(testing::AdminUrl(), name);
+  struct Drop {
+    std::string name;
+    ~Drop() {
+      schema::DropDatabase(testing::AdminUrl(), name);
+      schema::DropCatalogRoles(testing::AdminUrl(), name);
+    }
+  } drop{name};
+  schema::Catalog o(owner);
+  ASSERT_EQ(o.Migrate(sim::Catalog::Builtin(), 21).to_version, 21);
+  o.QueryValue(
+      "INSERT INTO trnflow.workers (id, host, pid, pools) VALUES"
+      " ('00000000-0000-4000-8000-0000000000b1', 'old-host', 1, '{}') RETURNING 1");
+  try {
+    o.Migrate(sim::Catalog::Builtin());
+    ADD_FAILURE() << "migrated under a live worker of the previous version";
+  } catch (const Refused& e) {
+    EXPECT_NE(std::string(e.what()).find("stop every `trnflow worker`"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(o.QueryValue("SELECT max(version) FROM trnflow.schema_migrations"), "21");
+  o.QueryValue("UPDATE trnflow.workers SET stopped_at = now() RETURNING 1");
+  EXPECT_EQ(o.Migrate(sim::Catalog::Builtin()).to_version, schema::Catalog::BinarySchemaVersion());
+}
+
 // A catalog that holds history made under an older schema migrates forward, through every
 // later migration, and reads back the same: the run, its stages, every attempt with its bill,
 // and the spend report, to the cent; then it goes on running. The history is written with SQL

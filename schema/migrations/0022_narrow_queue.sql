@@ -20,6 +20,24 @@
 -- stages_waiting. With half of each page free (fillfactor 50), the claim's and the close's new
 -- row versions stay on their page: heap-only updates, no index entries.
 
+-- Daemons of the previous version would go on claiming, completing and promoting without
+-- keeping the new tables (a released stage would never be claimed, a lost one never
+-- rescued): this one migration needs them stopped first.
+DO $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM trnflow.workers
+             WHERE stopped_at IS NULL AND heartbeat_at > now() - interval '60 seconds')
+     OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+                WHERE locktype = 'relation' AND granted
+                  AND relation = 'trnflow.leader_lock'::regclass
+                  AND database = (SELECT oid FROM pg_catalog.pg_database
+                                  WHERE datname = current_database())) THEN
+    RAISE EXCEPTION 'migration 0022 moves the queue out of trnflow.stages, and workers or a scheduler of the previous version are running on this catalog'
+      USING ERRCODE = 'TF001',  -- refused (exit 4)
+            HINT = 'stop every `trnflow worker` (they hand their running stages back) and every `trnflow scheduler`, run `trnflow db migrate` again, then start the new version (docs/operations.md, Upgrades)';
+  END IF;
+END $$;
+
 CREATE TABLE trnflow.ready_stages (
   run_id         bigint NOT NULL,
   stage_id       bigint NOT NULL,
