@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -209,6 +210,54 @@ TEST(Catalog, AClaimTakesAtMostTheStagesItIsAskedFor) {
   EXPECT_EQ(first.size(), 2u);
   auto rest = c.ClaimReadyStages("cpu", 100, me, "test:6", 30, run);
   EXPECT_EQ(rest.size(), 3u);
+}
+
+// A claim locks a queue row and then its stage; a cancel or a resume locks stages and then
+// their queue rows. Claims racing both neither deadlock nor leave a ready stage out of the
+// queue (or a queue row behind a stage that is not ready).
+TEST(Catalog, ClaimsRacingACancelAndAResumeNeitherDeadlockNorStrandAStage) {
+  schema::Catalog c(TestDatabase::url());
+  std::string matrix;
+  for (int i = 0; i < 600; ++i) matrix += (i ? "," : "") + std::to_string(i);
+  for (int round = 0; round < 3; ++round) {
+    int64_t run = c.SubmitRun(MustParse("pipeline: race\nproject: lab\nstages:\n"
+                                        "  s: {run: [\"true\"], matrix: {i: [" + matrix + "]}}\n"),
+                              Fast());
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0}, claimed{0};
+    std::vector<std::thread> claimers;
+    for (int t = 0; t < 3; ++t)
+      claimers.emplace_back([&, t] {
+        schema::Catalog mine(TestDatabase::url());
+        const std::string me = "00000000-0000-4000-8000-00000000010" + std::to_string(t);
+        while (!stop) {
+          try {
+            claimed += static_cast<int>(
+                mine.ClaimReadyStages("cpu", 3, me, "race:" + std::to_string(t), 30, run).size());
+          } catch (const std::exception& e) {
+            ++errors;
+            ADD_FAILURE() << e.what();
+          }
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(c.CancelRun(run).cancelled);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    c.ResumeRun(run);  // the cancelled stages are ready again, under the same claims
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(QueueMismatches(), "0");  // mid-race, in one snapshot
+    stop = true;
+    for (auto& t : claimers) t.join();
+    EXPECT_EQ(errors, 0);
+    EXPECT_EQ(QueueMismatches(), "0");
+    // Every stage is running (claimed once), still ready in the queue, or cancelled.
+    const std::string r = std::to_string(run);
+    EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
+                           " AND state NOT IN ('running', 'ready', 'cancelled')"),
+              "0");
+    EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.running_stages WHERE run_id = " + r),
+              std::to_string(claimed.load()));
+  }
 }
 
 // A worker that closes a batch claims, in the same transaction, the stages the batch released.

@@ -25,10 +25,21 @@ chosen AS (
     SELECT queue_row, id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
     FROM turns WINDOW w AS (ORDER BY turn, priority DESC, ready_at, id)) x
   WHERE used <= $2 AND ($7::int = 0 OR n <= $7)),
--- Out of the queue by the rows locked above (no index needed to find them again).
+-- The stage rows, locked without waiting: one that a cancel or a resume holds (they lock the
+-- stage first and its queue row second, the claim the other way round) is left to them, its
+-- queue row kept. Foreign-key share locks do not conflict with this lock.
+taken AS (
+  SELECT x.id FROM trnflow.stages x
+  WHERE x.id = ANY(ARRAY(SELECT id FROM chosen)) AND x.state = 'ready'
+  FOR NO KEY UPDATE SKIP LOCKED),
+-- Out of the queue by the rows locked above (no index needed to find them again): the stages
+-- taken, and any row whose stage is no longer ready.
 dequeued AS (
-  DELETE FROM trnflow.ready_stages q WHERE q.ctid = ANY(ARRAY(SELECT queue_row FROM chosen))
-  RETURNING q.stage_id),
+  DELETE FROM trnflow.ready_stages q
+  WHERE q.ctid = ANY(ARRAY(SELECT queue_row FROM chosen))
+    AND (q.stage_id IN (SELECT id FROM taken)
+         OR NOT EXISTS (SELECT 1 FROM trnflow.stages s
+                        WHERE s.id = q.stage_id AND s.state = 'ready'))),
 claimed AS (
   -- The attempt opens in the stage row: its ledger row is written once, when it closes
   -- (CompleteAttempts). Price in force now, for the market the attempt runs on.
@@ -51,7 +62,7 @@ claimed AS (
       attempt_executor_job = NULL
   -- By id through the primary key: a join to `chosen` was planned as a hash join over a
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
-  WHERE s.id = ANY(ARRAY(SELECT stage_id FROM dequeued)) AND s.state = 'ready'
+  WHERE s.id = ANY(ARRAY(SELECT id FROM taken))
   RETURNING s.id, s.run_id, s.attempts, s.instance_count, s.market, s.progress, s.errors,
             s.preemptions, s.spec, s.project, s.attempt_price_usd_hour),
 leased AS (
