@@ -97,6 +97,11 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   schema::Catalog admin(TestDatabase::owner_url());
   RunToEnd(c, MustParse(kSmall, "rls-alpha"));
   RunToEnd(c, MustParse(kSmall, "rls-beta"));
+  // And one run of each still waiting, so the queue holds rows of both projects.
+  c.SubmitRun(MustParse(kSmall, "rls-alpha"), Fast(1e6));
+  c.SubmitRun(MustParse(kSmall, "rls-beta"), Fast(1e6));
+  ASSERT_NE(admin.QueryValue("SELECT count(*) FROM trnflow.ready_stages WHERE project = 'rls-beta'"),
+            "0");
   std::string alice_url = TestDatabase::NewLogin("alice");
   std::string rita_url = TestDatabase::NewLogin("rita");
   // Roles are scoped to the catalog: the default one keeps trnflow_project_NAME.
@@ -113,13 +118,15 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   const std::vector<std::string> by_project = {
       "runs",         "spend_rollup",       "budgets",        "attempt_ledger", "stage_status",
       "run_status",   "spend_daily",        "spend_by_stage", "spend_by_run",   "spend_by_instance",
-      "spot_savings", "interruption_waste", "cache_savings",  "gpu_baseline"};
+      "spot_savings", "interruption_waste", "cache_savings",  "gpu_baseline",   "ready_stages",
+      "running_stages"};
   for (const auto& t : by_project) {
     EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"),
               "0")
         << t;
   }
   EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
+  EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.ready_stages"), "0");  // alpha's
   // Rows that hang off runs: only alpha's.
   for (const auto& t : {"stages", "attempts", "open_attempts", "events"})
     EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
