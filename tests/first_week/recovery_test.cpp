@@ -63,11 +63,14 @@ stages:
 )";
 
 TEST(Recovery, AWorkerKilledMidTrainingLosesOnlyWhatFollowedItsLastCheckpoint) {
-  const double speed = 3600, lease_s = 4;
+  const double speed = 3600;
+  const int lease_s = 4;
   int64_t run = SubmitFile(WriteTempFile("recovery.yaml", kTraining), speed);
   std::string r = std::to_string(run);
   Daemon scheduler("recovery-scheduler", {"scheduler"}, DaemonEnv());
-  Daemon worker("recovery-worker-1", {"worker", "--pool", "trn1=2", "--lease", "4"}, DaemonEnv());
+  const std::string lease = std::to_string(lease_s);
+  Daemon worker("recovery-worker-1", {"worker", "--pool", "trn1=2", "--lease", lease},
+                DaemonEnv());
   scheduler.Start();
   worker.Start();
 
@@ -99,7 +102,7 @@ TEST(Recovery, AWorkerKilledMidTrainingLosesOnlyWhatFollowedItsLastCheckpoint) {
       QueryNumber("SELECT progress FROM trnflow.stages WHERE id = " + Stage(run, "train"));
   ASSERT_GT(checkpointed, 0.25);
 
-  Daemon worker2("recovery-worker-2", {"worker", "--pool", "trn1=2", "--lease", "4"},
+  Daemon worker2("recovery-worker-2", {"worker", "--pool", "trn1=2", "--lease", lease},
                  DaemonEnv());
   worker2.Start();
   ASSERT_TRUE(WaitFor([&] { return Query("SELECT state FROM trnflow.runs WHERE id = " + r) ==

@@ -212,12 +212,14 @@ TEST(Slurm, TheClimateExampleRunsOnTheClusterWithItsOneHostFigures) {
     // Training and serving cost what they cost on one host (same seed, same simulator); the
     // train stage's spot interruption and resume happen in Slurm jobs. (The compiles are
     // cache hits the second time: compiled graphs serve every project.)
-    if (stages[i]["kind"] == "train" || stages[i]["kind"] == "deploy")
+    if (stages[i]["kind"] == "train" || stages[i]["kind"] == "deploy") {
       EXPECT_NEAR(stages[i]["cost_usd"].get<double>(), local_stages[i]["cost_usd"].get<double>(),
                   0.01);
+    }
     EXPECT_EQ(stages[i]["attempts"].size(), local_stages[i]["attempts"].size());
-    if (stages[i]["state"] == "succeeded")
+    if (stages[i]["state"] == "succeeded") {
       EXPECT_FALSE(AttemptCol(run, name, 1, "executor_job").empty()) << "not run as a Slurm job";
+    }
   }
   EXPECT_EQ(AttemptCol(run, "train", 1, "outcome"), "spot_interruption");
   EXPECT_NE(AttemptCol(run, "train", 1, "executor_job"), AttemptCol(run, "train", 2, "executor_job"));
