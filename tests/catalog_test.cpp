@@ -50,6 +50,20 @@ std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->st
 // Stages out of step with the queue tables (tests/test_db.h); "0" when all is well.
 std::string QueueMismatches() { return testing::Query(testing::kQueueMismatchesSql); }
 
+// A second, empty catalog database beside this binary's (its name: the binary's + suffix),
+// dropped with the roles its catalog made when the test ends.
+struct ScratchDatabase {
+  explicit ScratchDatabase(const std::string& suffix)
+      : name(TestDatabase::database_name() + suffix),
+        owner_url(schema::CreateDatabase(testing::AdminUrl(), name)) {}
+  ~ScratchDatabase() {
+    schema::DropDatabase(testing::AdminUrl(), name);
+    schema::DropCatalogRoles(testing::AdminUrl(), name);
+  }
+  std::string name;
+  std::string owner_url;
+};
+
 bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "running"; }
 
 // A wide DAG: one root, `width` parallel sim stages, one fan-in.
@@ -966,15 +980,8 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
 // keep it, so it refuses to apply while one runs (exit 4 in the CLI) and applies once they
 // stopped.
 TEST(Catalog, TheQueueMigrationWaitsForTheOldDaemonsToStop) {
-  const std::string name = TestDatabase::database_name() + "_q";
-  const std::string owner = schema::CreateDatabase(testing::AdminUrl(), name);
-  struct Drop {
-    std::string name;
-    ~Drop() {
-      schema::DropDatabase(testing::AdminUrl(), name);
-      schema::DropCatalogRoles(testing::AdminUrl(), name);
-    }
-  } drop{name};
+  ScratchDatabase scratch("_q");
+  const std::string& owner = scratch.owner_url;
   schema::Catalog o(owner);
   ASSERT_EQ(o.Migrate(sim::Catalog::Builtin(), 21).to_version, 21);
   o.QueryValue(
@@ -1002,15 +1009,8 @@ TEST(Catalog, TheQueueMigrationWaitsForTheOldDaemonsToStop) {
 // which closes into the ledger after the upgrade (0017 moved open attempts into stage rows).
 TEST(Catalog, MigratesForwardWithItsHistory) {
   const int kHistorySchema = 13;
-  const std::string name = TestDatabase::database_name() + "_fwd";
-  const std::string owner = schema::CreateDatabase(testing::AdminUrl(), name);
-  struct Drop {
-    std::string name;
-    ~Drop() {
-      schema::DropDatabase(testing::AdminUrl(), name);
-      schema::DropCatalogRoles(testing::AdminUrl(), name);
-    }
-  } drop{name};
+  ScratchDatabase scratch("_fwd");
+  const std::string& owner = scratch.owner_url;
   const std::string kOldWorker = "00000000-0000-4000-8000-0000000000aa";
   std::string run, running_run;
   {
