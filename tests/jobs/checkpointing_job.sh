@@ -23,8 +23,10 @@ trap 'save; echo "notice received: saved step $step"; exit 143' TERM
 
 while [ "$step" -lt "$steps" ]; do
   sleep 0.05 & wait $!  # wait in the shell so the TERM trap runs at once
+  # Logged before it counts: a notice between the two commands must not checkpoint a step
+  # the log never saw (the trap runs between any two commands).
+  echo "step $((step + 1))" >> "$TRNFLOW_RUN_DIR/steps.log"
   step=$((step + 1))
-  echo "step $step" >> "$TRNFLOW_RUN_DIR/steps.log"
   if [ $((step % every)) -eq 0 ]; then save; fi
 done
 echo "::progress 1"
