@@ -9,7 +9,7 @@
 -- under this worker's lease with an attempt opened in the stage row at the price in force now
 -- (its ledger row is written when it closes; queued_at: the stage's ready_at, which the claim
 -- leaves as it was, so the attempt's queue wait is started_at - queued_at). No index of
--- `stages` holds a column this update writes, so the new row version stays on its page
+-- `stages` holds a column this update writes, so the new row version can stay on its page
 -- (migration 0022). $6: only this run (0: any). $7: at most this many stages (0: as many as
 -- fit). `budgeted`: the run or its project has a budget, so the worker reserves a spend cap
 -- for the attempt before it runs.
