@@ -1,6 +1,6 @@
 // YAML -> Pipeline. Every value is read through a helper that knows its place in the file, so
 // each problem becomes a located diagnostic; parsing goes on after an error to report all.
-#include <yaml-cpp/yaml.h>
+#include <yaml-cpp/exceptions.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +17,7 @@
 #include "pipelines/checks.h"
 #include "pipelines/dag.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/yaml_tree.h"
 #include "sim/catalog.h"
 
 namespace trnflow::pipelines {
@@ -25,38 +26,11 @@ namespace {
 constexpr size_t kMaxFileBytes = 8 << 20;
 constexpr const char* kInvalidModel = "<invalid>";
 
-Loc At(const YAML::Node& n, Loc fallback = {}) {
+Loc At(const YamlNode& n, Loc fallback = {}) {
   const YAML::Mark m = n.Mark();
   if (m.is_null() || m.line < 0) return fallback;
   return {m.line + 1, m.column + 1};
 }
-
-// A mapping read once, its values looked up by key. yaml-cpp's operator[] formats a missing
-// key through a stringstream (for the text of an error it may never raise); a stage's dozen
-// optional fields looked up that way were a fifth of parsing a 10,000-stage file.
-class Keyed {
- public:
-  Keyed() = default;
-  explicit Keyed(const YAML::Node& map) : node_(map) {
-    if (map.IsMap())
-      for (auto it = map.begin(); it != map.end(); ++it)
-        if (it->first.IsScalar()) entries_.emplace_back(it->first.Scalar(), it->second);
-  }
-  YAML::Node operator[](std::string_view key) const {  // the first, as yaml-cpp's
-    for (const auto& [k, v] : entries_)
-      if (k == key) return v;
-    // A new one each time: a yaml-cpp node is a handle, and assigning to a copy of a shared
-    // one would change what every other lookup returns.
-    return YAML::Node(YAML::NodeType::Undefined);
-  }
-  operator const YAML::Node&() const { return node_; }
-  YAML::const_iterator begin() const { return node_.begin(); }
-  YAML::const_iterator end() const { return node_.end(); }
-
- private:
-  YAML::Node node_;
-  std::vector<std::pair<std::string, YAML::Node>> entries_;
-};
 
 const std::regex kPipelineName("[a-z0-9][a-z0-9-]{0,62}");
 const std::regex kStageName("[A-Za-z0-9][A-Za-z0-9_-]{0,62}");
@@ -199,35 +173,35 @@ class Parser {
   // --- reading values -------------------------------------------------------------------
   // Reports duplicate and unknown keys; returns the fields the unknown keys look like typos
   // of, so a missing required field that was merely misspelled is reported once.
-  std::set<std::string> CheckMap(const YAML::Node& map, const std::vector<std::string>& allowed,
+  std::set<std::string> CheckMap(const YamlNode& map, const std::vector<std::string>& allowed,
                                  const std::string& what);
-  bool ExpectMap(const YAML::Node& n, const std::string& what);
-  std::optional<std::string> Text(const YAML::Node& n, const std::string& what, const Scope& scope);
+  bool ExpectMap(const YamlNode& n, const std::string& what);
+  std::optional<std::string> Text(const YamlNode& n, const std::string& what, const Scope& scope);
   // A finite number in [min, max]; with `scaled`, a count may carry a suffix: 20B, 1.5T, 100K.
-  std::optional<double> Number(const YAML::Node& n, const std::string& what, const Scope& scope,
+  std::optional<double> Number(const YamlNode& n, const std::string& what, const Scope& scope,
                                double min, double max, bool scaled = false);
-  std::optional<int> Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
+  std::optional<int> Integer(const YamlNode& n, const std::string& what, const Scope& scope,
                              int min, int max);
-  std::optional<bool> Bool(const YAML::Node& n, const std::string& what, const Scope& scope);
-  std::optional<double> Duration(const YAML::Node& n, const std::string& what, const Scope& scope);
+  std::optional<bool> Bool(const YamlNode& n, const std::string& what, const Scope& scope);
+  std::optional<double> Duration(const YamlNode& n, const std::string& what, const Scope& scope);
   std::optional<std::string> Interpolate(const std::string& text, Loc loc, const Scope& scope);
 
   // --- sections ---------------------------------------------------------------------------
-  void ParseParams(const YAML::Node& n);
-  void ParseStages(const YAML::Node& stages);
-  void ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
+  void ParseParams(const YamlNode& n);
+  void ParseStages(const YamlNode& stages);
+  void ParseStage(const std::string& name, Loc name_loc, const YamlNode& n,
                   const std::map<std::string, std::string>* matrix);
-  std::optional<sim::Model> ParseModel(const YAML::Node& n, const Scope& scope);
-  void ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out);
-  void ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out);
-  void ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stage* st);
-  void ParseSecrets(const Keyed& n, Stage* st);
+  std::optional<sim::Model> ParseModel(const YamlNode& n, const Scope& scope);
+  void ParseRetry(const YamlNode& n, const Scope& scope, RetryPolicy* out);
+  void ParseCheckpoint(const YamlNode& n, const Scope& scope, CheckpointPolicy* out);
+  void ParseOutputs(const YamlNode& n, Loc name_loc, const Scope& scope, Stage* st);
+  void ParseSecrets(const YamlNode& n, Stage* st);
   void ResolveNeeds();
   void InheritModels();
 
   // A stage field, or the same field from `defaults:`.
-  YAML::Node Field(const Keyed& stage, const char* key) const {
-    if (YAML::Node v = stage[key]) return v;
+  YamlNode Field(const YamlNode& stage, const char* key) const {
+    if (YamlNode v = stage[key]) return v;
     return defaults_[key];
   }
 
@@ -236,19 +210,20 @@ class Parser {
   Diagnostics diags_;
   const sim::Catalog& catalog_;
   Pipeline p_;
-  Keyed defaults_;
+  YamlDoc doc_;  // the file's YAML; every YamlNode below points into it
+  YamlNode defaults_;
   std::map<std::string, std::vector<std::string>> expansions_;  // base name -> expanded names
   std::map<std::string, std::vector<std::pair<std::string, Loc>>> raw_needs_;  // expanded name
 };
 
-bool Parser::ExpectMap(const YAML::Node& n, const std::string& what) {
+bool Parser::ExpectMap(const YamlNode& n, const std::string& what) {
   if (n.IsMap()) return true;
   diags_.Error(At(n), what + " must be a mapping of key: value",
                "indent the fields of " + what + " under it");
   return false;
 }
 
-std::set<std::string> Parser::CheckMap(const YAML::Node& map,
+std::set<std::string> Parser::CheckMap(const YamlNode& map,
                                        const std::vector<std::string>& allowed,
                                        const std::string& what) {
   std::set<std::string> seen, typo_of;
@@ -361,7 +336,7 @@ std::optional<std::string> Parser::Interpolate(const std::string& text, Loc loc,
   return out;
 }
 
-std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& what,
+std::optional<std::string> Parser::Text(const YamlNode& n, const std::string& what,
                                         const Scope& scope) {
   if (!n.IsScalar()) {
     diags_.Error(At(n), what + " must be a single value, not a " +
@@ -379,7 +354,7 @@ std::optional<std::string> Parser::Text(const YAML::Node& n, const std::string& 
   return Interpolate(n.Scalar(), loc, scope);
 }
 
-std::optional<double> Parser::Number(const YAML::Node& n, const std::string& what,
+std::optional<double> Parser::Number(const YamlNode& n, const std::string& what,
                                      const Scope& scope, double min, double max, bool scaled) {
   auto text = Text(n, what, scope);
   if (!text) return std::nullopt;
@@ -433,7 +408,7 @@ std::optional<double> Parser::Number(const YAML::Node& n, const std::string& wha
   return v;
 }
 
-std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what, const Scope& scope,
+std::optional<int> Parser::Integer(const YamlNode& n, const std::string& what, const Scope& scope,
                                    int min, int max) {
   auto v = Number(n, what, scope, min, max);
   if (!v) return std::nullopt;
@@ -444,7 +419,7 @@ std::optional<int> Parser::Integer(const YAML::Node& n, const std::string& what,
   return static_cast<int>(*v);
 }
 
-std::optional<bool> Parser::Bool(const YAML::Node& n, const std::string& what, const Scope& scope) {
+std::optional<bool> Parser::Bool(const YamlNode& n, const std::string& what, const Scope& scope) {
   auto text = Text(n, what, scope);
   if (!text) return std::nullopt;
   if (*text == "true") return true;
@@ -453,7 +428,7 @@ std::optional<bool> Parser::Bool(const YAML::Node& n, const std::string& what, c
   return std::nullopt;
 }
 
-std::optional<double> Parser::Duration(const YAML::Node& n, const std::string& what,
+std::optional<double> Parser::Duration(const YamlNode& n, const std::string& what,
                                        const Scope& scope) {
   auto text = Text(n, what, scope);
   if (!text) return std::nullopt;
@@ -476,7 +451,7 @@ std::optional<double> Parser::Duration(const YAML::Node& n, const std::string& w
   return d;
 }
 
-void Parser::ParseParams(const YAML::Node& n) {
+void Parser::ParseParams(const YamlNode& n) {
   if (!ExpectMap(n, "params")) return;
   std::set<std::string> seen;
   for (auto it = n.begin(); it != n.end(); ++it) {
@@ -505,7 +480,7 @@ void Parser::ParseParams(const YAML::Node& n) {
   }
 }
 
-std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& scope) {
+std::optional<sim::Model> Parser::ParseModel(const YamlNode& n, const Scope& scope) {
   if (n.IsScalar()) {
     auto name = Text(n, "model", scope);
     if (!name) return std::nullopt;
@@ -577,7 +552,7 @@ std::optional<sim::Model> Parser::ParseModel(const YAML::Node& n, const Scope& s
   return m;
 }
 
-void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* out) {
+void Parser::ParseRetry(const YamlNode& n, const Scope& scope, RetryPolicy* out) {
   if (!ExpectMap(n, "retry")) return;
   CheckMap(n, NestedKeys("retry"), "retry");
   if (n["max_attempts"])
@@ -641,11 +616,11 @@ void Parser::ParseRetry(const YAML::Node& n, const Scope& scope, RetryPolicy* ou
 // restore it, and a key over the command alone cannot tell one run's files from another's.
 // `secrets: [NAME, ...]`: names only, resolved by the worker. An env: value under a name that
 // looks like a credential is stored in the catalog for every project member to read: warn.
-void Parser::ParseSecrets(const Keyed& n, Stage* st) {
+void Parser::ParseSecrets(const YamlNode& n, Stage* st) {
   static const std::regex name(R"([A-Z_][A-Z0-9_]{0,127})");
   static const std::regex looks_secret(
       R"((^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_))");
-  if (const YAML::Node& e = n["env"]; e && e.IsMap())
+  if (const YamlNode& e = n["env"]; e && e.IsMap())
     for (auto it = e.begin(); it != e.end(); ++it) {
       std::string key = it->first.Scalar();
       std::string upper = key;
@@ -659,7 +634,7 @@ void Parser::ParseSecrets(const Keyed& n, Stage* st) {
                        "declare it as a secret instead: secrets: [" + key +
                            "] (resolved on the worker host, never stored)");
     }
-  const YAML::Node& sec = n["secrets"];
+  const YamlNode& sec = n["secrets"];
   if (!sec) return;
   if (!sec.IsSequence()) {
     diags_.Error(At(sec), "secrets must be a list of names", "e.g. secrets: [HF_TOKEN]");
@@ -678,9 +653,9 @@ void Parser::ParseSecrets(const Keyed& n, Stage* st) {
   }
 }
 
-void Parser::ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stage* st) {
+void Parser::ParseOutputs(const YamlNode& n, Loc name_loc, const Scope& scope, Stage* st) {
   const std::string prefix = "${{ run.dir }}/";
-  if (const YAML::Node& o = n["outputs"]) {
+  if (const YamlNode& o = n["outputs"]) {
     if (!o.IsSequence()) {
       diags_.Error(At(o), "outputs must be a list of paths under ${{ run.dir }}",
                    "e.g. outputs: [\"${{ run.dir }}/data\"]");
@@ -705,7 +680,7 @@ void Parser::ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stag
   if (!st->spec.cache) return;
   for (const auto& a : st->spec.command.argv)
     if (a.find("${{ run.dir }}") != std::string::npos) {
-      YAML::Node c = Field(n, "cache");
+      YamlNode c = Field(n, "cache");
       diags_.Error(At(c, name_loc),
                    "stage '" + st->base_name +
                        "' is cached but writes into ${{ run.dir }} without saying what",
@@ -715,7 +690,7 @@ void Parser::ParseOutputs(const Keyed& n, Loc name_loc, const Scope& scope, Stag
     }
 }
 
-void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, CheckpointPolicy* out) {
+void Parser::ParseCheckpoint(const YamlNode& n, const Scope& scope, CheckpointPolicy* out) {
   if (!ExpectMap(n, "checkpoint")) return;
   CheckMap(n, NestedKeys("checkpoint"), "checkpoint");
   if (n["every"])
@@ -724,7 +699,7 @@ void Parser::ParseCheckpoint(const YAML::Node& n, const Scope& scope, Checkpoint
     if (auto v = Bool(n["on_notice"], "checkpoint.on_notice", scope)) out->on_notice = *v;
 }
 
-void Parser::ParseStages(const YAML::Node& stages) {
+void Parser::ParseStages(const YamlNode& stages) {
   if (stages.IsSequence()) {
     diags_.Error(At(stages), "stages must be a mapping from stage name to stage, not a list",
                  "write `  train:` with the stage's fields indented under it, not `- train`");
@@ -735,7 +710,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
     diags_.Error(At(stages), "the pipeline has no stages", "add at least one under stages:");
     return;
   }
-  std::vector<std::pair<YAML::Node, YAML::Node>> entries;
+  std::vector<std::pair<YamlNode, YamlNode>> entries;
   for (auto it = stages.begin(); it != stages.end(); ++it)
     entries.push_back({it->first, it->second});
   p_.stages.reserve(entries.size());  // a matrix may add more
@@ -743,7 +718,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
   for (const auto& [kind, keys] : kKindKeys) field_names.insert(keys.begin(), keys.end());
   std::set<std::string> seen;
   for (size_t e = 0; e < entries.size(); ++e) {
-    const YAML::Node& key = entries[e].first;
+    const YamlNode& key = entries[e].first;
     Loc name_loc = At(key);
     if (!key.IsScalar()) {
       diags_.Error(name_loc, "a stage name must be a plain name");
@@ -775,17 +750,16 @@ void Parser::ParseStages(const YAML::Node& stages) {
                    "digit");
       continue;
     }
-    const YAML::Node node = entries[e].second;
+    const YamlNode node = entries[e].second;
     if (!node.IsMap()) {
       diags_.Error(node.IsNull() ? name_loc : At(node, name_loc),
                    "stage '" + name + "' must be a mapping of its fields",
                    "give it at least run: or kind:");
       continue;
     }
-    const Keyed n(node);
-    const YAML::Node matrix = n["matrix"];
+    const YamlNode matrix = node["matrix"];
     if (!matrix) {
-      ParseStage(name, name_loc, n, nullptr);
+      ParseStage(name, name_loc, node, nullptr);
       continue;
     }
     // Expand the matrix: one stage per combination, keys sorted, values as listed.
@@ -810,7 +784,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
         continue;
       }
       std::set<std::string> values;
-      const YAML::Node list = m->second;  // a copy: the iterator's value is a temporary
+      const YamlNode list = m->second;  // a copy: the iterator's value is a temporary
       for (const auto& v : list) {
         if (!v.IsScalar()) {
           diags_.Error(At(v), "matrix values must be single values");
@@ -845,7 +819,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
       }
       expanded += "]";
       expansions_[name].push_back(expanded);
-      ParseStage(expanded, name_loc, n, &values);
+      ParseStage(expanded, name_loc, node, &values);
       for (size_t d = axes.size(); d-- > 0;) {  // odometer, last key fastest
         if (++idx[d] < std::next(axes.begin(), d)->second.size()) break;
         idx[d] = 0;
@@ -854,7 +828,7 @@ void Parser::ParseStages(const YAML::Node& stages) {
   }
 }
 
-void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
+void Parser::ParseStage(const std::string& name, Loc name_loc, const YamlNode& n,
                         const std::map<std::string, std::string>* matrix) {
   Scope scope{&p_.params, matrix, name};
   Stage st;
@@ -901,7 +875,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
   auto missing = [&](const char* key) { return !n[key] && !typos.count(key); };
 
   // Where it runs.
-  YAML::Node inst = Field(n, "instance");
+  YamlNode inst = Field(n, "instance");
   std::string instance = *kind == StageKind::kRun ? "c6i.large" : "";
   if (inst) {
     if (auto v = Text(inst, "instance", scope)) instance = *v;
@@ -923,9 +897,9 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
       st.pool = type->pool;
     }
   }
-  if (YAML::Node c = Field(n, "count"))
+  if (YamlNode c = Field(n, "count"))
     if (auto v = Integer(c, "count", scope, 1, 512)) st.spec.count = *v;
-  if (YAML::Node m = Field(n, "market")) {
+  if (YamlNode m = Field(n, "market")) {
     if (auto v = Text(m, "market", scope)) {
       if (auto market = ParseMarket(*v)) {
         st.spec.market = *market;
@@ -938,22 +912,22 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
   }
   // Policies.
   if (*kind != StageKind::kRun) st.spec.retry.max_attempts = 1;
-  if (YAML::Node r = Field(n, "retry")) ParseRetry(r, scope, &st.spec.retry);
-  if (YAML::Node c = Field(n, "checkpoint")) ParseCheckpoint(c, scope, &st.spec.checkpoint);
-  if (YAML::Node t = Field(n, "timeout"))
+  if (YamlNode r = Field(n, "retry")) ParseRetry(r, scope, &st.spec.retry);
+  if (YamlNode c = Field(n, "checkpoint")) ParseCheckpoint(c, scope, &st.spec.checkpoint);
+  if (YamlNode t = Field(n, "timeout"))
     if (auto v = Duration(t, "timeout", scope)) st.spec.timeout_s = *v;
   st.spec.cache = *kind == StageKind::kCompile;
-  if (YAML::Node c = Field(n, "cache"))
+  if (YamlNode c = Field(n, "cache"))
     if (auto v = Bool(c, "cache", scope)) st.spec.cache = *v;
-  if (YAML::Node e = Field(n, "env")) {
+  if (YamlNode e = Field(n, "env")) {
     if (ExpectMap(e, "env"))
       for (auto it = e.begin(); it != e.end(); ++it)
         if (auto v = Text(it->second, "env." + it->first.Scalar(), scope))
           st.spec.command.env[it->first.Scalar()] = *v;
   }
   // Needs are resolved once every stage is known (matrix expansions included).
-  if (const YAML::Node& needs = n["needs"]) {
-    auto add = [&](const YAML::Node& x) {
+  if (const YamlNode& needs = n["needs"]) {
+    auto add = [&](const YamlNode& x) {
       if (auto v = Text(x, "needs entry", scope)) raw_needs_[name].push_back({*v, At(x)});
     };
     if (needs.IsSequence()) {
@@ -966,7 +940,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
   }
 
   if (*kind == StageKind::kRun) {
-    const YAML::Node& run = n["run"];
+    const YamlNode& run = n["run"];
     bool shell = false;
     if (n["shell"])
       if (auto v = Bool(n["shell"], "shell", scope)) shell = *v;
@@ -1020,7 +994,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
     ParseOutputs(n, name_loc, scope, &st);
     ParseSecrets(n, &st);
     // How long the command runs, for `plan` and budget admission; the engine cannot know.
-    if (const YAML::Node& e = n["estimate"])
+    if (const YamlNode& e = n["estimate"])
       if (auto v = Duration(e, "estimate", scope)) st.estimate_s = *v;
     p_.stages.push_back(std::move(st));
     return;
@@ -1052,7 +1026,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
                      "the number of training tokens, e.g. tokens: 2.0e10");
       }
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
-      if (const YAML::Node& par = n["parallelism"]; par && ExpectMap(par, "parallelism")) {
+      if (const YamlNode& par = n["parallelism"]; par && ExpectMap(par, "parallelism")) {
         CheckMap(par, NestedKeys("parallelism"), "parallelism");
         if (par["tp"])
           if (auto v = Integer(par["tp"], "parallelism.tp", scope, 1, 1024)) w.tp = *v;
@@ -1087,7 +1061,7 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const Keyed& n,
                                                         : DidYouMean(*v, dtypes));
           w.dtype = *v;
         }
-      if (const YAML::Node& f = n["compiler_flags"]) {
+      if (const YamlNode& f = n["compiler_flags"]) {
         if (!f.IsSequence())
           diags_.Error(At(f), "compiler_flags must be a list of strings");
         else
@@ -1305,9 +1279,8 @@ LoadResult Parser::Run() {
                  "save it as UTF-8 (iconv -f latin1 -t utf-8 FILE)");
     return done();
   }
-  YAML::Node root;
   try {
-    root = YAML::Load(text_);
+    doc_.Load(text_);
   } catch (const YAML::ParserException& e) {
     size_t offset = e.mark.pos >= 0 ? static_cast<size_t>(e.mark.pos) : text_.size();
     if (auto why = ExplainSyntaxError(text_, offset)) {
@@ -1343,6 +1316,7 @@ LoadResult Parser::Run() {
                  "a pipeline file holds one document: remove the '---' line");
     return done();
   }
+  const YamlNode root = doc_.Root();
   if (!root.IsMap()) {
     diags_.Error(At(root, {1, 1}), "a pipeline file must be a mapping with pipeline: and stages:",
                  "start the file with `pipeline: NAME` and a `stages:` section");
@@ -1382,7 +1356,7 @@ LoadResult Parser::Run() {
   if (root["budget_usd"])
     if (auto v = Number(root["budget_usd"], "budget_usd", top, 0.01, 1e9))
       p_.budget = Money::FromUsd(*v);
-  if (const YAML::Node& sim = root["simulation"]) {
+  if (const YamlNode& sim = root["simulation"]) {
     if (ExpectMap(sim, "simulation")) {
       CheckMap(sim, NestedKeys("simulation"), "simulation");
       if (sim["spot_rate_multiplier"])
@@ -1391,10 +1365,10 @@ LoadResult Parser::Run() {
           p_.spot_rate_multiplier = *v;
     }
   }
-  if (const YAML::Node d = root["defaults"]) {
+  if (const YamlNode d = root["defaults"]) {
     if (ExpectMap(d, "defaults")) {
       CheckMap(d, kDefaultsKeys, "defaults");
-      defaults_ = Keyed(d);
+      defaults_ = d;
     }
   }
   if (!root["stages"]) {

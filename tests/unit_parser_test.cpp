@@ -78,6 +78,33 @@ TEST(Parser, ParsesTheClimateExample) {
   EXPECT_EQ(p.spec_hash.size(), 64u);
 }
 
+// Anchors and aliases are plain YAML: a mapping or a value written once and reused.
+TEST(Parser, ReadsAnchorsAndAliases) {
+  auto r = Parse(R"(pipeline: shared
+project: lab
+stages:
+  a:
+    run: ["true"]
+    env: &common {MODE: fast, SEED: "7"}
+    timeout: &limit 10m
+  b:
+    needs: [a]
+    run: ["true"]
+    env: *common
+    timeout: *limit
+)");
+  ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
+  const Stage* b = r.pipeline->Find("b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->spec.command.env, (std::map<std::string, std::string>{{"MODE", "fast"},
+                                                                       {"SEED", "7"}}));
+  EXPECT_EQ(b->spec.timeout_s, 600);
+  EXPECT_EQ(b->spec.command.env, r.pipeline->Find("a")->spec.command.env);
+
+  std::string e = OnlyError(Parse("pipeline: p\nproject: lab\nstages:\n  a:\n    run: *nowhere\n"));
+  EXPECT_NE(e.find("p.yaml:5:10: error: invalid YAML"), std::string::npos) << e;
+}
+
 TEST(Parser, ExpandsMatrixWithSortedKeysAndSubstitutesValues) {
   auto r = Parse(kSmall);
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();
