@@ -191,9 +191,11 @@ struct Catalog::Impl {
   std::vector<int64_t> FinishRuns(pqxx::work& tx, const std::vector<int64_t>* run_ids);
   // Closes attempts, releases dependents and finishes runs. The stages released are announced
   // (NotifyReady) at once, or, given `released`, left there for the caller to announce after
-  // its own claims in the same transaction have taken what they can.
+  // its own claims in the same transaction have taken what they can. Given `closing_runs`, the
+  // runs of the closed attempts are left there too, for the caller to finish after its claims.
   std::vector<LeaseKey> Complete(pqxx::work& tx, const std::vector<AttemptResult>& results,
-                                 std::vector<int64_t>* released = nullptr);
+                                 std::vector<int64_t>* released = nullptr,
+                                 std::vector<int64_t>* closing_runs = nullptr);
 };
 
 }  // namespace trnflow::schema
