@@ -12,7 +12,7 @@ packages=(
   libboost-filesystem-dev libssl-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   postgresql-15 python3 procps
   clang libclang-rt-14-dev python3-yaml python3-jsonschema libhowardhinnant-date-dev tzdata
-  slurmctld slurmd slurm-client munge util-linux
+  slurmctld slurmd slurm-client munge util-linux bubblewrap
   libcpp-httplib-dev chromium prometheus
 )
 
