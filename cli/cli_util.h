@@ -31,6 +31,7 @@ struct ExecutorArgs {
 struct SandboxArgs {
   bool no_sandbox = false;  // or TRNFLOW_SANDBOX=off
   std::string job_limits;   // as=16G,nproc=1024,... over TRNFLOW_JOB_LIMITS and the defaults
+  bool allow_network = false;  // stages with `network: host` may share the host's network
   ExecutorArgs executor;
 };
 

@@ -83,6 +83,7 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
 
 void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
   o.sandbox = !args.no_sandbox && workers::SandboxRequestedByEnvironment();
+  o.allow_network = args.allow_network;
   if (const char* dir = std::getenv("TRNFLOW_SECRETS_DIR"); dir && *dir) o.secrets_dir = dir;
   if (const char* env = std::getenv("TRNFLOW_JOB_LIMITS"))
     if (std::string e = workers::ParseJobLimits(env, o.job_limits); !e.empty())

@@ -102,6 +102,9 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
   cmd->add_option("--job-limits", a.job_limits,
                   "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M "
                   "(or TRNFLOW_JOB_LIMITS)");
+  cmd->add_flag("--allow-network", a.allow_network,
+                "let stages that say `network: host` share this host's network (jobs have "
+                "loopback only otherwise)");
   ExecutorArgs& e = a.executor;
   cmd->add_option("--executor", e.executor,
                   "where stages run: local (this host, default) or slurm (one batch job per "

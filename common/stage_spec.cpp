@@ -79,6 +79,7 @@ std::string ToJson(const StageSpec& s) {
   if (!s.command.env.empty()) c["env"] = s.command.env;
   if (!s.command.secrets.empty()) c["secrets"] = s.command.secrets;
   if (s.command.outputs) c["outputs"] = *s.command.outputs;
+  if (s.command.network) c["network"] = "host";
   if (!c.empty()) j["command"] = std::move(c);
   if (!s.workload_json.empty()) j["workload"] = nlohmann::json::parse(s.workload_json);
   if (s.retry != d.retry) {
@@ -119,6 +120,7 @@ StageSpec StageSpecFromJson(std::string_view text) {
         s.command.secrets = c->at("secrets").get<std::vector<std::string>>();
       if (c->contains("outputs") && !c->at("outputs").is_null())
         s.command.outputs = c->at("outputs").get<std::vector<std::string>>();
+      s.command.network = c->value("network", "") == "host";
     }
     if (auto w = j.find("workload"); w != j.end() && !w->is_null()) s.workload_json = w->dump();
     if (auto r = j.find("retry"); r != j.end()) {

@@ -84,6 +84,9 @@ struct CommandSpec {
   // into the stage's output digest, stored by the cache and restored on a hit. Absent: the
   // stage declared nothing (its outputs are unknown); empty: it writes nothing.
   std::optional<std::vector<std::string>> outputs;
+  // `network: host`: the command shares the worker's network (when the worker allows it,
+  // `trnflow worker --allow-network`); otherwise it has a network namespace with loopback only.
+  bool network = false;
 };
 
 struct StageSpec {

@@ -150,7 +150,7 @@ const std::vector<std::string>& NestedKeys(const std::string& parent) {
 const std::map<std::string, std::string> kFreeKeys = {
     {"params", "<name>"}, {"env", "<NAME>"}, {"matrix", "<key>"}};
 const std::map<StageKind, std::vector<std::string>> kKindKeys = {
-    {StageKind::kRun, {"run", "shell", "outputs", "secrets", "estimate"}},
+    {StageKind::kRun, {"run", "shell", "outputs", "secrets", "estimate", "network"}},
     {StageKind::kTrain, {"model", "tokens", "seq_len", "parallelism"}},
     {StageKind::kCompile,
      {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
@@ -993,6 +993,16 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YamlNode& n
     }
     ParseOutputs(n, name_loc, scope, &st);
     ParseSecrets(n, &st);
+    // `network: host`: the command shares the worker's network, where the operator allows it;
+    // `none` (the default): a network namespace with loopback only.
+    if (const YamlNode& net = n["network"])
+      if (auto v = Text(net, "network", scope)) {
+        if (*v != "host" && *v != "none")
+          diags_.Error(At(net), "network must be none or host, not '" + *v + "'",
+                       "network: host, for a stage that downloads (the worker must allow it: "
+                       "trnflow worker --allow-network)");
+        st.spec.command.network = *v == "host";
+      }
     // How long the command runs, for `plan` and budget admission; the engine cannot know.
     if (const YamlNode& e = n["estimate"])
       if (auto v = Duration(e, "estimate", scope)) st.estimate_s = *v;

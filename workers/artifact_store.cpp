@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,6 +105,16 @@ bool SafeForm(const fs::path& target) {
     }
   }
   return true;
+}
+
+// Opens the directory `rel` beneath the open directory `root`: openat2 with RESOLVE_BENEATH
+// (no step may leave `root`, through a link or `..`), RESOLVE_NO_XDEV (nor cross a mount) and
+// RESOLVE_NO_MAGICLINKS. -1 with errno EXDEV or ELOOP when the path leads out.
+int OpenBeneath(int root, const std::string& rel) {
+  open_how how{};
+  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+  return static_cast<int>(syscall(SYS_openat2, root, rel.c_str(), &how, sizeof how));
 }
 
 // Reads or copies a tree without following a symlink anywhere: each directory is opened
@@ -247,6 +259,8 @@ struct TreeWalk {
       if (rels.empty()) return;
       throw OutputRefused("declared output " + Name(rels.front()) + " was not written");
     }
+    Fd root_fd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!root_fd) throw std::runtime_error("cannot open " + root.string() + ": " + Errno());
     for (const auto& rel : rels) {
       fs::path r = fs::path(rel).lexically_normal();
       if (r.is_absolute() || r.empty() || *r.begin() == "..")
@@ -256,7 +270,13 @@ struct TreeWalk {
       if (!Inside(root, parent, true))
         throw OutputRefused("output " + Name(rel) + " lies under a symlink to " + parent.string() +
                             " outside the run directory");
-      Fd src(open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      // Opened from the root's descriptor by the kernel, which refuses any step (a link, a
+      // `..`, a mount) that would leave it: what was checked above is what is opened, even if
+      // the tree changed in between.
+      Fd src(OpenBeneath(root_fd.get(), r.parent_path().empty() ? "." : r.parent_path().string()));
+      if (!src && (errno == EXDEV || errno == ELOOP))
+        throw OutputRefused("output " + Name(rel) + " lies under a symlink leading out of " +
+                            shown);
       if (!src) throw std::runtime_error("cannot open " + parent.string() + ": " + Errno());
       Fd dst;
       if (!dst_root.empty()) {

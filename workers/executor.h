@@ -54,6 +54,7 @@ struct ExecContext {
   std::map<std::string, std::string> secrets;
   JobIdentity identity;  // whom a command runs as (the project's uid when sandboxed)
   JobLimits limits;      // rlimits and the captured-output cap of a command
+  JobNamespaces namespaces;  // the namespaces a command runs in (sandbox on)
   const std::atomic<int>* stop = nullptr;  // a StopReason; checked often
   // The attempt's spend cap in simulated seconds (its budget reservation over its price): at
   // this point the executor ends it with outcome budget_exceeded. Infinite: no budget.

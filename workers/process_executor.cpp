@@ -10,9 +10,12 @@
 //
 // A run has one clock: a command's wall time counts `speed` times over in simulated time
 // (billing, timeout, the spot market). At speed 1 — real jobs — the two are the same.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,10 +60,89 @@ struct JobSandbox : boost::process::extend::handler {
   }
 };
 
-// Signals the job's whole process group.
-void SignalJob(pid_t pid, int sig) {
-  if (::kill(-pid, sig) != 0) ::kill(pid, sig);
-}
+// The processes of one attempt. Without namespaces: the job's process group. With them: bwrap
+// (the child the worker started) and the attempt's PID namespace, whose pid 1 bwrap reports
+// on its info pipe. Its namespace dies whole when that pid 1 does, so nothing the job started
+// (setsid, a double fork) outlives the attempt.
+class JobProcesses {
+ public:
+  explicit JobProcesses(pid_t child) : child_(child) {}
+  ~JobProcesses() {
+    if (init_fd_ >= 0) ::close(init_fd_);
+  }
+  JobProcesses(const JobProcesses&) = delete;
+  JobProcesses& operator=(const JobProcesses&) = delete;
+
+  // Reads bwrap's info pipe ({"child-pid": N, ...}) until bwrap closes it. False: bwrap did
+  // not get as far as making the namespace.
+  bool ReadNamespace(int info_fd) {
+    std::string text;
+    char buf[512];
+    pollfd p{info_fd, POLLIN, 0};
+    while (::poll(&p, 1, 10000) > 0) {
+      ssize_t n = ::read(info_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    auto at = text.find("\"child-pid\":");
+    if (at == std::string::npos) return false;
+    pid_t pid = static_cast<pid_t>(std::strtol(text.c_str() + at + 12, nullptr, 10));
+    if (pid <= 0) return false;
+    init_ = pid;
+    // A descriptor of the namespace's pid 1: it becomes readable when that process is gone,
+    // which the kernel allows only after every other process of the namespace has exited.
+    init_fd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    struct stat st;
+    std::string link = "/proc/" + std::to_string(pid) + "/ns/pid";
+    if (::stat(link.c_str(), &st) == 0) ns_ = st.st_ino;
+    return true;
+  }
+
+  // SIGTERM: to every process in the attempt's namespace but its pid 1 (bwrap's reaper, which
+  // would take the job down with it before the job could save anything), or to the group.
+  void Terminate() {
+    if (ns_ == 0) return SignalGroup(SIGTERM);
+    DIR* proc = ::opendir("/proc");
+    if (!proc) return;
+    while (dirent* e = ::readdir(proc)) {
+      char* end = nullptr;
+      long pid = std::strtol(e->d_name, &end, 10);
+      if (pid <= 0 || *end || pid == init_ || pid == child_) continue;
+      struct stat st;
+      std::string link = std::string("/proc/") + e->d_name + "/ns/pid";
+      if (::stat(link.c_str(), &st) == 0 && st.st_ino == ns_) ::kill(static_cast<pid_t>(pid), SIGTERM);
+    }
+    ::closedir(proc);
+  }
+
+  // SIGKILL to all of it: the namespace's pid 1 takes the namespace with it.
+  void Kill() {
+    if (init_fd_ >= 0) ::syscall(SYS_pidfd_send_signal, init_fd_, SIGKILL, nullptr, 0);
+    SignalGroup(SIGKILL);
+  }
+
+  // After bwrap itself has exited: waits until the namespace is gone (bwrap's pid 1 dies with
+  // its parent), killing it if it lingers. Afterwards no process of the attempt runs, and
+  // whatever it left in its directories stays as it is.
+  void WaitGone() {
+    // The group only: bwrap's own pid is reaped and may belong to someone else by now.
+    ::kill(-child_, SIGKILL);
+    if (init_fd_ < 0) return;
+    pollfd p{init_fd_, POLLIN, 0};
+    for (int tries = 0; tries < 100 && ::poll(&p, 1, 100) == 0; ++tries)
+      ::syscall(SYS_pidfd_send_signal, init_fd_, SIGKILL, nullptr, 0);
+  }
+
+ private:
+  void SignalGroup(int sig) {
+    if (::kill(-child_, sig) != 0) ::kill(child_, sig);
+  }
+  pid_t child_;
+  pid_t init_ = -1;
+  int init_fd_ = -1;
+  ino_t ns_ = 0;
+};
 
 std::string Substitute(const std::string& s, const ExecContext& ctx) {
   return SubstituteRunExpressions(s, std::to_string(ctx.run_id), ctx.run_dir);
@@ -169,8 +251,11 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   // while still privileged, so the job's uid need not be able to traverse the workdir's
   // parents. The check here is the worker's, as root. A bare name is looked up in the job's
   // PATH, not the worker's.
+  const bool namespaced = ctx.namespaces.enabled;
   boost::filesystem::path exe;
-  if (argv[0].find('/') != std::string::npos) {
+  if (argv[0].find('/') != std::string::npos && namespaced) {
+    exe = argv[0];  // found (or not) inside the namespaces, as the job, by bwrap
+  } else if (argv[0].find('/') != std::string::npos) {
     std::filesystem::path p(argv[0]);
     std::filesystem::path seen = p.is_relative() ? std::filesystem::path(ctx.workdir) / p : p;
     if (boost::filesystem::exists(seen.string())) exe = argv[0];
@@ -191,6 +276,13 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     return r;
   }
 
+  if (namespaced && ctx.spec.command.network && !ctx.namespaces.allow_network) {
+    r.outcome = Outcome::kUserError;
+    r.message =
+        "the stage asks for `network: host` and this worker keeps jobs off the network; an "
+        "operator allows it with `trnflow worker --allow-network` (docs/security.md)";
+    return r;
+  }
   std::string job_home;
   if (std::string e = PrepareAttemptDirs(ctx, &job_home); !e.empty()) {
     r.outcome = Outcome::kInfraError;
@@ -221,29 +313,43 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   auto wall = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  std::vector<std::string> args(argv.begin() + 1, argv.end());
-  int status_pipe[2];
-  if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
+  int status_pipe[2], info_pipe[2] = {-1, -1};
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0 || (namespaced && ::pipe2(info_pipe, O_CLOEXEC) != 0)) {
     r.outcome = Outcome::kInfraError;
     r.message = std::string("could not start ") + argv[0] + ": pipe2: " + std::strerror(errno);
     return r;
   }
+  std::vector<std::string> args(argv.begin() + 1, argv.end());
+  if (namespaced) {
+    args = NamespaceArgv(ctx, argv, info_pipe[1]);
+    exe = args.front();
+    args.erase(args.begin());
+  }
   ChildSetup setup;
-  setup.workdir = ctx.workdir;
+  setup.workdir = namespaced ? "/" : ctx.workdir;  // bwrap enters it, as the job
   setup.identity = ctx.identity;
   setup.limits = ctx.limits;
   setup.status_fd = status_pipe[1];
+  setup.inherit_fd = info_pipe[1];
+  setup.private_umask = ctx.identity.switch_user;
   bp::pipe out;
   std::error_code launch_ec;
   bp::child child(bp::exe = exe.string(), bp::args = args, bp::env = env,
                   bp::std_in<bp::null, (bp::std_out & bp::std_err)> out, JobSandbox(&setup),
                   launch_ec);
   ::close(status_pipe[1]);
+  if (info_pipe[1] >= 0) ::close(info_pipe[1]);
   std::string setup_error = launch_ec ? "" : ReadStatus(status_pipe[0]);
   ::close(status_pipe[0]);
+  JobProcesses procs(launch_ec ? -1 : child.id());
+  bool in_namespace = namespaced && !launch_ec && setup_error.empty() &&
+                      procs.ReadNamespace(info_pipe[0]);
+  if (info_pipe[0] >= 0) ::close(info_pipe[0]);
   if (launch_ec) {
     r.outcome = Outcome::kInfraError;
-    r.message = "could not start " + argv[0] + ": " + launch_ec.message();
+    r.message = namespaced ? "sandbox: could not start bubblewrap (" + exe.string() +
+                                 "): " + launch_ec.message()
+                           : "could not start " + argv[0] + ": " + launch_ec.message();
     return r;
   }
   OutputCapture capture(ctx.log_path, ctx.limits.output, ctx.secrets,
@@ -259,19 +365,19 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     double now = wall(), sim_now = now * ctx.speed;
     if (sim_now >= ctx.spend_cap_s) {
       capped = true;
-      SignalJob(child.id(), SIGKILL);
+      procs.Kill();
       break;
     }
     bool stop = ctx.stop_reason() != StopReason::kNone;
     timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s);
     noticed = noticed || sim_now >= notice_at;
     if ((stop || timed_out || noticed) && term_sent_at < 0) {
-      SignalJob(child.id(), SIGTERM);
+      procs.Terminate();
       term_sent_at = now;
     } else if (sim_now >= interrupt_at ||
                (term_sent_at >= 0 && now - term_sent_at > kGraceSeconds)) {
       reclaimed = sim_now >= interrupt_at;
-      SignalJob(child.id(), SIGKILL);
+      procs.Kill();
       break;
     }
     if (ctx.report_progress) {
@@ -292,8 +398,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   child.wait(ec);
   // Whatever the job left running goes with it; then the output pipe closes for the reader.
-  // (The group only: the job's own pid is reaped and may belong to someone else by now.)
-  ::kill(-child.id(), SIGKILL);
+  procs.WaitGone();
   reader.join();
   // The run's clock stops at the cap: the instance is gone then, whatever the poll's delay.
   r.sim_seconds = std::min(wall() * ctx.speed, ctx.spend_cap_s);
@@ -303,6 +408,16 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     r.message = "sandbox: could not start " + argv[0] + ": " + setup_error;
     return r;
   }
+  if (namespaced && !in_namespace) {
+    r.outcome = Outcome::kInfraError;
+    r.message = "sandbox: bubblewrap could not make the job's namespaces" + LastLine(report, ctx) +
+                " (docs/security.md, \"The job's namespaces\")";
+    return r;
+  }
+  // bwrap exits with 128 + N when the command died of signal N, as a shell does.
+  if (namespaced && WIFEXITED(status) && WEXITSTATUS(status) > 128 &&
+      WEXITSTATUS(status) < 128 + NSIG)
+    status = WEXITSTATUS(status) - 128;  // a wait status for "killed by signal N"
 
   double progress, checkpointed;
   {
@@ -357,6 +472,19 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     return r;
   }
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (namespaced && code == 1) {
+    // bwrap's own last word (a workdir the job cannot read, a command not found in the
+    // namespace) is the user's to fix, not the job's failure.
+    std::scoped_lock lock(report.mu);
+    if (report.last_line.rfind("bwrap: ", 0) == 0) {
+      r.outcome = Outcome::kUserError;
+      r.message = "could not start " + argv[0] + " in the job's namespaces: " +
+                  report.last_line.substr(7) + " (it runs as the project's uid " +
+                  std::to_string(ctx.identity.uid) + ", which must be able to read " +
+                  ctx.workdir + ")";
+      return r;
+    }
+  }
   if (code == 0) {
     r.outcome = Outcome::kSucceeded;
     r.progress_to = 1;

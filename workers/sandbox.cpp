@@ -316,8 +316,57 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home) {
 
 std::string SafeName(std::string s) {
   for (char& c : s)
-    if (c == '/' || c == ' ') c = '_';
+    if (c == '/' || c == ' ' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '_';
+  if (s.empty() || s == "." || s == "..") s = "_" + s;
   return s;
+}
+
+std::string FindBwrap() {
+  if (::access("/usr/bin/bwrap", X_OK) == 0) return "/usr/bin/bwrap";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':'))
+    if (!dir.empty() && dir[0] == '/' && ::access((dir + "/bwrap").c_str(), X_OK) == 0)
+      return dir + "/bwrap";
+  return "";
+}
+
+std::vector<std::string> NamespaceArgv(const ExecContext& ctx,
+                                       const std::vector<std::string>& command, int info_fd) {
+  const JobNamespaces& ns = ctx.namespaces;
+  std::vector<std::string> a = {ns.bwrap, "--unshare-all"};
+  if (ctx.spec.command.network && ns.allow_network) a.push_back("--share-net");
+  // bwrap's own pid 1 reaps; when the command ends, or the worker, the namespace goes whole.
+  a.insert(a.end(), {"--die-with-parent", "--new-session", "--hostname", "trnflow-job"});
+  // The system, read-only. Debian's /bin, /lib... are links into /usr: recreate them as links.
+  a.insert(a.end(), {"--ro-bind", "/usr", "/usr"});
+  for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"}) {
+    struct stat st;
+    if (::lstat(top, &st) != 0) continue;
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      auto target = fs::read_symlink(top, ec);
+      if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
+    } else if (S_ISDIR(st.st_mode)) {
+      a.insert(a.end(), {"--ro-bind", top, top});
+    }
+  }
+  a.insert(a.end(), {"--ro-bind", "/etc", "/etc"});
+  for (const auto& dir : ns.hidden)
+    if (fs::is_directory(dir)) a.insert(a.end(), {"--tmpfs", dir});
+  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp",
+                     "--tmpfs", "/var/tmp"});
+  // The job's own directories at the paths it is told about; the workdir (its scripts) read-only.
+  if (!ctx.workdir.empty()) a.insert(a.end(), {"--ro-bind", ctx.workdir, ctx.workdir});
+  a.insert(a.end(), {"--bind", ctx.run_dir, ctx.run_dir});
+  if (!ctx.checkpoint_dir.empty())
+    a.insert(a.end(), {"--bind", ctx.checkpoint_dir, ctx.checkpoint_dir});
+  if (!ctx.workdir.empty()) a.insert(a.end(), {"--chdir", ctx.workdir});
+  if (info_fd >= 0) a.insert(a.end(), {"--info-fd", std::to_string(info_fd)});
+  a.push_back("--");
+  a.insert(a.end(), command.begin(), command.end());
+  return a;
 }
 
 std::map<std::string, std::string> JobEnvironment(const ExecContext& ctx,
@@ -356,8 +405,13 @@ void ChildSetup::Apply() const noexcept {
       if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
     }
   }
-  // While still privileged: a workdir below a directory the job cannot search (/root) works,
-  // and a relative command stays relative to it.
+  if (inherit_fd >= 0 && ::fcntl(inherit_fd, F_SETFD, 0) != 0) {
+    Message m;
+    Fail(status_fd, m << "fcntl(F_SETFD) failed");
+  }
+  if (private_umask) ::umask(077);
+  // Without namespaces, while still privileged: a workdir below a directory the job cannot
+  // search (/root) works, and a relative command stays relative to it.
   if (!workdir.empty() && ::chdir(workdir.c_str()) != 0) {
     Message m;
     Fail(status_fd, m << "chdir(" << workdir.c_str() << ") failed");

@@ -7,7 +7,11 @@
 //   - its run dir and checkpoint dir owned by that uid, mode 0700; the worker's logs and
 //     cache stay root-only;
 //   - rlimits on memory, processes, file size, open files and core dumps;
-//   - captured output written to the log up to a cap, secrets masked, never held in memory.
+//   - captured output written to the log up to a cap, secrets masked, never held in memory;
+//   - with the sandbox on, namespaces of its own (bubblewrap): a read-only system, its run,
+//     checkpoint and work directories and nothing else of the host's files; a private /tmp and
+//     /dev/shm; a PID namespace that dies whole with the attempt; no network unless the stage
+//     asks for it and the worker allows it.
 //
 // Parent side (PrepareHome, PrepareAttemptDirs, JobEnvironment, OutputCapture) runs in the
 // worker and may allocate and throw only where it says. ChildSetup::Apply runs in the child
@@ -45,6 +49,24 @@ struct JobLimits {
 // G, T are powers of 1024) over `limits`. Returns an error naming the bad item, or "".
 std::string ParseJobLimits(const std::string& text, JobLimits& limits);
 
+// The attempt's namespaces (docs/security.md, "The job's namespaces"). Made by bubblewrap,
+// started as the job's uid (after ChildSetup dropped root), so every mount it makes is checked
+// by the kernel with the job's rights, never root's.
+struct JobNamespaces {
+  bool enabled = false;        // the sandbox is on: every command runs inside bwrap
+  bool allow_network = false;  // a stage's `network: host` may share the host's network
+  std::string bwrap;           // the bwrap binary
+  std::vector<std::string> hidden;  // directories the job sees empty (config, secrets)
+};
+// bwrap's path ("/usr/bin/bwrap" or found on the worker's PATH); "" when not installed.
+std::string FindBwrap();
+// The whole bwrap command line (bwrap first) that runs `command` in the attempt's namespaces:
+// /usr, /etc (without the hidden dirs) and the root's lib/bin links read-only; fresh /proc, /dev,
+// /tmp and /dev/shm; the workdir read-only and the run and checkpoint dirs read-write at their
+// own paths; the command started in the workdir; bwrap writes the namespace's pid to info_fd.
+std::vector<std::string> NamespaceArgv(const ExecContext& ctx,
+                                       const std::vector<std::string>& command, int info_fd);
+
 // Whether the worker may run jobs, and as whom.
 struct SandboxDecision {
   bool enabled = true;  // jobs switch to their project's uid
@@ -76,7 +98,9 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home);
 std::map<std::string, std::string> JobEnvironment(const ExecContext& ctx,
                                                   const std::string& job_home);
 
-// A stage name as one path component: '/' and ' ' become '_' (logs, checkpoints, attempts).
+// A stage name as one path component (logs, checkpoints, attempts): '/', ' ' and control
+// characters become '_', and a name that is empty, "." or ".." gets a leading '_', so it
+// never names its parent or itself.
 std::string SafeName(std::string s);
 
 // PATH of every job; also where a bare command name is looked up.
@@ -89,10 +113,12 @@ inline constexpr const char* kJobPath = "/usr/local/bin:/usr/bin:/bin";
 // above 2 close-on-exec. A failing step writes one line to stdout (the captured log) and to
 // status_fd and exits 126; the parent reads status_fd to tell a sandbox failure from the job.
 struct ChildSetup {
-  std::string workdir;
+  std::string workdir;  // "": stay where the worker is (the namespaces enter the workdir)
   JobIdentity identity;
   JobLimits limits;
   int status_fd = -1;  // write end of a close-on-exec pipe, or -1
+  int inherit_fd = -1;  // a descriptor the command keeps across exec (bwrap's info pipe)
+  bool private_umask = false;  // umask 077: what the job writes is its own
   void Apply() const noexcept;
 };
 

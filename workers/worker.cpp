@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/retry_policy.h"
@@ -154,6 +155,7 @@ struct Worker::Impl {
   std::vector<std::unique_ptr<Pool>> pools;
   std::unique_ptr<tbb::global_control> parallelism;
   bool sandboxed = false;  // decided in Start(): jobs switch to their project's uid
+  JobNamespaces namespaces;  // decided in Start(): with the sandbox, every command in bwrap
 
   mutable std::mutex mu;  // guards running, results, wake_claim, rng
   std::map<int64_t, std::shared_ptr<Running>> running;
@@ -530,6 +532,7 @@ struct Worker::Impl {
     ctx.identity.uid = static_cast<uid_t>(uid);
     ctx.identity.gid = static_cast<gid_t>(uid);
     ctx.limits = opt.job_limits;
+    ctx.namespaces = namespaces;
     ctx.stop = &run->stop;
     ctx.claimed_at = run->claimed_at;
     ctx.spend_cap_s = c.spend_cap_s;
@@ -914,6 +917,17 @@ void Worker::Start() {
                     " is not a valid unprivileged uid");
   if (std::string e = PrepareHome(w.opt.home, sandbox.enabled); !e.empty()) throw UserError(e);
   w.sandboxed = sandbox.enabled;
+  if (sandbox.enabled) {
+    w.namespaces.enabled = true;
+    w.namespaces.bwrap = FindBwrap();
+    if (w.namespaces.bwrap.empty())
+      throw UserError(
+          "the job sandbox runs every command in namespaces of its own with bubblewrap, which "
+          "is not installed: `apt-get install bubblewrap` (ops/setup.sh does), or pass "
+          "--no-sandbox where every job is trusted");
+    w.namespaces.allow_network = w.opt.allow_network;
+    w.namespaces.hidden = {ConfigDir(), w.opt.secrets_dir};
+  }
   if (w.opt.slurm) w.slurm_executor = std::make_unique<SlurmExecutor>(*w.opt.slurm);
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;

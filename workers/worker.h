@@ -44,6 +44,9 @@ struct WorkerOptions {
   bool sandbox = true;
   int64_t job_uid_base = 200000;  // uid and gid of a project without a job uid of its own
   JobLimits job_limits;           // rlimits and output cap of every command
+  // Stages that say `network: host` share this host's network (and its loopback: the
+  // catalog's port); otherwise they fail. Off: every job has loopback only.
+  bool allow_network = false;
   // Where a stage's `secrets:` come from: <secrets_dir>/<project>.env (KEY=VALUE lines, a file
   // only this worker's user may read), else this process's TRNFLOW_SECRET_<NAME> (site-wide).
   std::string secrets_dir = "/etc/trnflow/secrets";

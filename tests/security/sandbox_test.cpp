@@ -3,7 +3,10 @@
 // the worker (root) and checks what the job could see and do. Needs root (skips otherwise).
 #include "workers/sandbox.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +33,30 @@ constexpr uid_t kProjectA = 200001, kProjectB = 200002;
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Host pids of the processes running as `uid` whose command line contains `needle`.
+std::vector<pid_t> ProcessesOf(uid_t uid, const std::string& needle) {
+  std::vector<pid_t> found;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // The real uid from status: /proc/PID itself is root's for a process that is not dumpable.
+    std::string status = ReadFile(e.path().string() + "/status");
+    auto at = status.find("\nUid:\t");
+    if (at == std::string::npos || std::stoul(status.substr(at + 6)) != uid) continue;
+    std::string cmdline = ReadFile(e.path().string() + "/cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    bool bwrap = cmdline.find("bwrap ") < cmdline.find(' ') + 1;  // its argv holds the job's
+    if (!bwrap && cmdline.find(needle) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+std::string PidNamespace(const std::string& pid) {
+  std::error_code ec;
+  return fs::read_symlink("/proc/" + pid + "/ns/pid", ec).string();
 }
 
 long RssKiB() {
@@ -66,6 +93,8 @@ class SandboxTest : public ::testing::Test {
     ctx.log_path = home_ + "/logs/" + tag + "/" + stage + ".attempt-1.log";
     ctx.checkpoint_dir = home_ + "/checkpoints/" + tag + "/" + stage;
     ctx.identity = {true, uid, uid};
+    ctx.namespaces.enabled = true;  // as a worker with the sandbox on runs every command
+    ctx.namespaces.bwrap = FindBwrap();
     return ctx;
   }
   ExecResult Run(const ExecContext& ctx) { return ProcessExecutor().Run(ctx); }
@@ -124,18 +153,22 @@ TEST_F(SandboxTest, JobGetsACleanEnvironmentAndNothingOfTheWorkers) {
 TEST_F(SandboxTest, JobRunsAsItsProjectsUidInASessionOfItsOwn) {
   auto ctx = Job("id", kProjectA, 2,
                  "id -u; id -g; id -G; awk '{print $6}' /proc/$$/stat; echo $$; "
+                 "readlink /proc/self/ns/pid; "
                  "test -w \"$TRNFLOW_RUN_DIR\" && echo run-dir-writable; "
                  "test -w \"$TRNFLOW_CHECKPOINT_DIR\" && echo checkpoint-writable; "
                  "test -w \"$TMPDIR\" && echo tmp-writable");
   ExecResult r = Run(ctx);
   ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message;
   std::istringstream log(ReadFile(ctx.log_path));
-  std::string uid, gid, groups, sid, pid;
-  log >> uid >> gid >> groups >> sid >> pid;
+  std::string uid, gid, groups, sid, pid, pid_ns;
+  log >> uid >> gid >> groups >> sid >> pid >> pid_ns;
   EXPECT_EQ(uid, "200001");
   EXPECT_EQ(gid, "200001");
   EXPECT_EQ(groups, "200001");  // no supplementary groups of the worker's
-  EXPECT_EQ(sid, pid);          // a session leader: setsid()
+  // A PID namespace of its own, whose first process (bwrap's reaper) leads the session.
+  EXPECT_NE(pid_ns, PidNamespace("self"));
+  EXPECT_EQ(sid, "1");
+  EXPECT_EQ(pid, "2");
   std::string rest = ReadFile(ctx.log_path);
   EXPECT_NE(rest.find("run-dir-writable"), std::string::npos) << rest;
   EXPECT_NE(rest.find("checkpoint-writable"), std::string::npos) << rest;
@@ -158,16 +191,17 @@ TEST_F(SandboxTest, ProjectsCannotReachEachOther) {
   ASSERT_EQ(Run(b1).outcome, Outcome::kSucceeded);
 
   std::atomic<int> stop_b{0};
-  auto b2 = Job("sleeper", kProjectB, 10, "echo $$ > \"$TRNFLOW_RUN_DIR/pid\"; exec sleep 60");
+  auto b2 = Job("sleeper", kProjectB, 10, "exec sleep 60.25");
   b2.secrets = {{"HF_TOKEN", "b-token-value"}};
   b2.stop = &stop_b;
   ExecResult b2_result;
   std::thread b([&] { b2_result = Run(b2); });
-  pid_t b_pid = 0;
+  pid_t b_pid = 0;  // as the host numbers it
   ASSERT_TRUE(trnflow::testing::WaitFor(
       [&] {
-        std::ifstream in(b2.run_dir + "/pid");
-        return static_cast<bool>(in >> b_pid) && b_pid > 0;
+        auto pids = ProcessesOf(kProjectB, "sleep 60.25");
+        if (pids.size() == 1) b_pid = pids[0];
+        return b_pid > 0;
       },
       10));
   ASSERT_EQ(::kill(b_pid, 0), 0);
@@ -179,12 +213,12 @@ TEST_F(SandboxTest, ProjectsCannotReachEachOther) {
                        "ls $B && echo LEAK-list-run-dir\n"
                        "ls $BC && echo LEAK-list-checkpoints\n"
                        "cat $BC/state && echo LEAK-read-checkpoint\n"
-                       "ls $H/runs && echo LEAK-list-runs\n"
+                       "ls $H/runs | grep -v '^11$' && echo LEAK-list-runs\n"
                        "ls $H/logs && echo LEAK-list-logs\n"
                        "touch $H/logs/x && echo LEAK-write-logs\n"
                        "touch $H/cache/x && echo LEAK-write-cache\n"
                        "touch $H/artifacts/x && echo LEAK-write-artifacts\n"
-                       "touch $H/x && echo LEAK-write-home\n"
+                       "touch $H/x\n"  // the namespace's own /tmp: checked below
                        "kill -0 $P && echo LEAK-kill0-job\n"
                        "kill -TERM $P && echo LEAK-kill-job\n"
                        "kill -TERM -$P && echo LEAK-kill-group\n"
@@ -198,9 +232,10 @@ TEST_F(SandboxTest, ProjectsCannotReachEachOther) {
   EXPECT_EQ(ar.outcome, Outcome::kSucceeded) << ar.message << "\n" << log;
   EXPECT_NE(log.find("done"), std::string::npos) << log;
   EXPECT_EQ(log.find("LEAK"), std::string::npos) << log;
-  // Refused, not vacuous: the kernel said no.
-  EXPECT_NE(log.find("Permission denied"), std::string::npos) << log;
-  EXPECT_NE(log.find("Operation not permitted"), std::string::npos) << log;
+  // Refused, not vacuous: none of it exists in the job's namespaces.
+  EXPECT_NE(log.find("No such file or directory"), std::string::npos) << log;
+  EXPECT_NE(log.find("No such process"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(home_ + "/x"));
   EXPECT_EQ(log.find("b-private"), std::string::npos) << log;
   EXPECT_EQ(log.find("b-token-value"), std::string::npos) << log;
   EXPECT_EQ(::kill(b_pid, 0), 0) << "project B's job was killed";
@@ -283,30 +318,61 @@ TEST_F(SandboxTest, ProtocolLinesSurviveLongLinesAndOnlyShortOnesCount) {
   EXPECT_DOUBLE_EQ(r.progress_to, 0.5);
 }
 
-TEST_F(SandboxTest, WorkdirUnderAPrivateParentWorksWithARelativeCommand) {
-  fs::path parent = fs::path(home_ + "-private");
-  fs::create_directories(parent / "repo");
-  fs::permissions(parent, fs::perms::owner_all);
-  fs::permissions(parent / "repo", fs::perms(0755));
-  std::ofstream(parent / "repo" / "job.sh") << "id -u; pwd\n";
+TEST_F(SandboxTest, TheWorkdirIsReadOnlyAndARelativeCommandStartsThere) {
+  fs::path repo = fs::path(home_ + "-repo");
+  fs::create_directories(repo);
+  fs::permissions(repo, fs::perms(0755));
+  std::ofstream(repo / "job.sh") << "id -u; pwd; touch written 2>&1 || true\n";
   auto ctx = Job("relative", kProjectA, 7, "");
   ctx.spec.command.argv = {"bash", "job.sh"};
-  ctx.workdir = (parent / "repo").string();
+  ctx.workdir = repo.string();
   ExecResult r = Run(ctx);
   std::string log = ReadFile(ctx.log_path);
-  fs::remove_all(parent);
+  bool written = fs::exists(repo / "written");
+  fs::remove_all(repo);
   ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message << "\n" << log;
-  EXPECT_EQ(log, "200001\n" + ctx.workdir + "\n");
+  EXPECT_EQ(log.substr(0, log.find("touch")), "200001\n" + ctx.workdir + "\n");
+  EXPECT_NE(log.find("Read-only file system"), std::string::npos) << log;
+  EXPECT_FALSE(written);
+}
+
+// A member chooses the workdir (the directory `trnflow submit` ran in). The worker used to
+// enter it as root, which let a job start inside root-only trees. Now the job's own uid must
+// reach it, and the attempt says so when it cannot.
+TEST_F(SandboxTest, AWorkdirTheJobCannotReadIsAUserErrorNotRootsHelp) {
+  for (std::string workdir : {home_ + "/cache", home_ + "-private/repo", std::string("/root"),
+                              std::string("/nonexistent/trnflow-workdir")}) {
+    if (workdir.find("-private") != std::string::npos) {
+      fs::create_directories(workdir);
+      fs::permissions(fs::path(workdir).parent_path(), fs::perms::owner_all);
+    }
+    auto ctx = Job("nowhere", kProjectA, 8, "echo ran; ls");
+    ctx.workdir = workdir;
+    ExecResult r = Run(ctx);
+    EXPECT_EQ(r.outcome, Outcome::kUserError) << workdir << ": " << r.message;
+    EXPECT_NE(r.message.find("uid 200001, which must be able to read " + workdir),
+              std::string::npos)
+        << r.message;
+    EXPECT_EQ(ReadFile(ctx.log_path).find("ran"), std::string::npos);
+  }
+  fs::remove_all(home_ + "-private");
 }
 
 TEST_F(SandboxTest, SetupFailureIsAnInfraErrorThatSaysWhy) {
   auto ctx = Job("nowhere", kProjectA, 8, "echo ran");
+  ctx.namespaces.enabled = false;  // the setup before bwrap: the rlimits, the uid switch
   ctx.workdir = "/nonexistent/trnflow-workdir";
-  ctx.spec.command.argv = {"bash", "-c", "echo ran"};
   ExecResult r = Run(ctx);
   EXPECT_EQ(r.outcome, Outcome::kInfraError);
   EXPECT_NE(r.message.find("chdir(/nonexistent/trnflow-workdir)"), std::string::npos) << r.message;
   EXPECT_EQ(ReadFile(ctx.log_path).find("ran"), std::string::npos);
+
+  auto broken = Job("nobwrap", kProjectA, 8, "echo ran");
+  broken.namespaces.bwrap = "/nonexistent/bwrap";
+  r = Run(broken);
+  EXPECT_EQ(r.outcome, Outcome::kInfraError);
+  EXPECT_NE(r.message.find("sandbox"), std::string::npos) << r.message;
+  EXPECT_EQ(ReadFile(broken.log_path).find("ran"), std::string::npos);
 }
 
 TEST_F(SandboxTest, LinksPlantedInTheRunDirDoNotRedirectTheWorker) {
@@ -324,6 +390,141 @@ TEST_F(SandboxTest, LinksPlantedInTheRunDirDoNotRedirectTheWorker) {
   ASSERT_EQ(::stat("/etc/passwd", &st), 0);
   EXPECT_EQ(st.st_uid, 0u);
   EXPECT_FALSE(fs::exists("/etc/plant.attempt-2"));
+}
+
+// A job that daemonizes (setsid, a double fork, nohup) used to outlive its attempt, its run's
+// cancel and its budget, unbilled, and one that kept the output pipe open pinned a worker slot.
+TEST_F(SandboxTest, NothingTheJobStartsOutlivesTheAttempt) {
+  auto ctx = Job("escape", kProjectA, 20,
+                 "setsid sleep 300.5 & (sleep 300.6 &); nohup sleep 300.7 >/dev/null 2>&1 &\n"
+                 "setsid bash -c 'trap \"\" TERM HUP; sleep 300.8' &\n"
+                 "echo started");
+  ExecResult r = Run(ctx);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message;
+  EXPECT_NE(ReadFile(ctx.log_path).find("started"), std::string::npos);
+  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 300."), std::vector<pid_t>{});
+
+  // Cancelled while its daemons run: they go with it.
+  std::atomic<int> stop{0};
+  auto cancelled = Job("escape2", kProjectA, 20,
+                       "setsid sleep 301.5 & (trap '' TERM; sleep 301.6 &); exec sleep 301");
+  cancelled.stop = &stop;
+  std::thread canceller([&] {
+    trnflow::testing::WaitFor([&] { return ProcessesOf(kProjectA, "sleep 301").size() == 3; }, 10);
+    stop = static_cast<int>(StopReason::kCancelled);
+  });
+  r = Run(cancelled);
+  canceller.join();
+  EXPECT_EQ(r.outcome, Outcome::kCancelled) << r.message;
+  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 301"), std::vector<pid_t>{});
+}
+
+// /proc showed every process of the host (other projects' command lines carry their params),
+// and loopback reached the catalog's port and the dashboard.
+TEST_F(SandboxTest, AJobSeesNoOtherProcessAndNoNetworkUnlessAllowed) {
+  std::atomic<int> stop_b{0};
+  auto b = Job("params", kProjectB, 21, "sleep 60.75; : canary-param-b");
+  b.stop = &stop_b;
+  std::thread tb([&] { Run(b); });
+  ASSERT_TRUE(trnflow::testing::WaitFor(
+      [&] { return !ProcessesOf(kProjectB, "sleep 60.75").empty(); }, 10));
+
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string port = std::to_string(ntohs(addr.sin_port));
+
+  std::string script = "grep -l canary-param-\"\"b /proc/[0-9]*/cmdline && echo LEAK-cmdline\n"
+                       "echo procs $(ls /proc | grep -c '^[0-9]')\n"
+                       "(exec 3<>/dev/tcp/127.0.0.1/" + port + ") 2>/dev/null && echo connected\n"
+                       "echo interfaces $(tail -n +3 /proc/net/dev | cut -d: -f1)\n"
+                       "echo done\n";
+  auto a = Job("look", kProjectA, 22, script);
+  ExecResult r = Run(a);
+  std::string log = ReadFile(a.log_path);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message << "\n" << log;
+  EXPECT_NE(log.find("done"), std::string::npos) << log;
+  EXPECT_EQ(log.find("LEAK"), std::string::npos) << log;
+  EXPECT_EQ(log.find("connected"), std::string::npos) << log;
+  EXPECT_NE(log.find("interfaces lo\n"), std::string::npos) << log;
+  int procs = std::stoi(log.substr(log.find("procs ") + 6));
+  EXPECT_LE(procs, 6) << log;  // bwrap's reaper, bash, its subshells
+
+  // `network: host` on a worker that does not allow it: refused, nothing ran.
+  auto asks = Job("download", kProjectA, 22, script);
+  asks.spec.command.network = true;
+  r = Run(asks);
+  EXPECT_EQ(r.outcome, Outcome::kUserError);
+  EXPECT_NE(r.message.find("--allow-network"), std::string::npos) << r.message;
+  EXPECT_EQ(ReadFile(asks.log_path).find("done"), std::string::npos);
+
+  // Allowed by the operator: the same script reaches the listener (so the test can fail).
+  asks.namespaces.allow_network = true;
+  asks.attempt = 2;
+  asks.log_path += ".2";
+  r = Run(asks);
+  log = ReadFile(asks.log_path);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message << "\n" << log;
+  EXPECT_NE(log.find("connected"), std::string::npos) << log;
+  ::close(listener);
+
+  stop_b = static_cast<int>(StopReason::kCancelled);
+  tb.join();
+}
+
+// /tmp and /dev/shm were the host's, shared by every job, and jobs wrote with umask 022.
+TEST_F(SandboxTest, TmpAndShmArePrivateAndWhatAJobWritesIsItsOwn) {
+  std::string tag = std::to_string(getpid());
+  auto a = Job("writer", kProjectA, 23,
+               "echo a > /tmp/canary-" + tag + "; echo a > /dev/shm/canary-" + tag + "\n"
+               "echo x > \"$TRNFLOW_RUN_DIR/out\"; mkdir \"$TRNFLOW_RUN_DIR/d\"\n"
+               "stat -c %a \"$TRNFLOW_RUN_DIR/out\" \"$TRNFLOW_RUN_DIR/d\"\n"
+               "touch /usr/canary 2>&1; touch /etc/canary 2>&1; true");
+  ExecResult r = Run(a);
+  std::string log = ReadFile(a.log_path);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message << "\n" << log;
+  EXPECT_NE(log.find("600\n700\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("Read-only file system"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists("/tmp/canary-" + tag));
+  EXPECT_FALSE(fs::exists("/dev/shm/canary-" + tag));
+  EXPECT_FALSE(fs::exists("/usr/canary"));
+  EXPECT_FALSE(fs::exists("/etc/canary"));
+}
+
+// Nothing of the host's files but the system, read-only: not the worker's configuration (the
+// catalog's URLs, every project's secrets), not other homes, not the rest of TRNFLOW_HOME.
+TEST_F(SandboxTest, TheHostsFilesAreNotThereBeyondTheSystem) {
+  fs::path config = home_ + "-config";
+  fs::create_directories(config);
+  fs::permissions(config, fs::perms(0755));
+  std::ofstream(config / "daemon.url") << "postgresql://trnflow_daemon:canary-url@db/trnflow\n";
+  fs::permissions(config / "daemon.url", fs::perms(0644));  // even readable by mistake
+  auto a = Job("snoop", kProjectA, 24,
+               "cat " + config.string() + "/daemon.url; ls /root /home " + home_ +
+                   "/logs; test -r /etc/passwd && echo system-readable; true");
+  a.namespaces.hidden = {config.string()};
+  ExecResult r = Run(a);
+  std::string log = ReadFile(a.log_path);
+  fs::remove_all(config);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message << "\n" << log;
+  EXPECT_EQ(log.find("canary-url"), std::string::npos) << log;
+  EXPECT_NE(log.find("system-readable"), std::string::npos) << log;
+  EXPECT_NE(log.find("cannot access '/root'"), std::string::npos) << log;
+  EXPECT_NE(log.find("cannot access '" + home_ + "/logs'"), std::string::npos) << log;
+}
+
+TEST(SandboxNames, AStageNameIsAlwaysOneComponentBelowItsParent) {
+  EXPECT_EQ(SafeName(".."), "_..");
+  EXPECT_EQ(SafeName("."), "_.");
+  EXPECT_EQ(SafeName(""), "_");
+  EXPECT_EQ(SafeName("a/../b"), "a_.._b");
+  EXPECT_EQ(SafeName(std::string("a\nb\x7f", 4)), "a_b_");
+  EXPECT_EQ(SafeName("compile[batch=1,seq_len=512]"), "compile[batch=1,seq_len=512]");
 }
 
 // The parts that need no processes.
