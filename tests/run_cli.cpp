@@ -51,4 +51,27 @@ std::string WriteTempFile(const std::string& name, const std::string& text) {
   return path.string();
 }
 
+std::string JobVisibleDir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path build = fs::path(TRNFLOW_BINARY).parent_path();
+  fs::path source = TRNFLOW_SOURCE_DIR;
+  if (build.string().rfind(source.string() + "/", 0) != 0) {
+    std::fprintf(stderr, "the build tree %s is not inside the source tree %s: jobs cannot see "
+                 "test scripts there\n", build.c_str(), source.c_str());
+    std::abort();
+  }
+  static const fs::path root = build / "test-jobs" / std::to_string(getpid());
+  static struct Cleanup {
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(root, ec);
+    }
+  } cleanup;
+  fs::path dir = root / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (fs::path p = dir; p != build; p = p.parent_path()) fs::permissions(p, fs::perms(0755));
+  return dir.string();
+}
+
 }  // namespace trnflow::testing

@@ -23,4 +23,10 @@ CliResult RunShell(const std::string& command);
 // Writes `text` to a fresh file in the temp directory and returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& text);
 
+// A fresh, empty directory (0755) that jobs can read: under the build tree, inside the source
+// tree that RunTrnflow runs commands from (their workdir, the only part of the host's files
+// besides the system that a job's namespaces show, read-only). For scripts a test's pipeline
+// runs by path. Removed at the end of the test process.
+std::string JobVisibleDir(const std::string& name);
+
 }  // namespace trnflow::testing

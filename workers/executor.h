@@ -72,6 +72,10 @@ struct ExecContext {
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
 };
 
+// How long a command has, in simulated seconds, between SIGTERM (timeout, cancel, shutdown) and
+// SIGKILL: a budgeted command with a timeout reserves its timeout plus this.
+inline constexpr double kTermGraceSimSeconds = 120;
+
 struct ExecResult {
   Outcome outcome = Outcome::kSucceeded;
   double sim_seconds = 0;    // what the attempt ran, in simulated seconds (billing)

@@ -44,7 +44,7 @@ namespace trnflow::workers {
 namespace {
 
 constexpr int kExitTempFail = 75;  // EX_TEMPFAIL: the job asks to be retried
-constexpr double kGraceSeconds = 10;
+constexpr double kGraceSeconds = 10;  // wall seconds after SIGTERM, at most kTermGraceSimSeconds
 
 // In the child, before exec: the sandbox (workers/sandbox.h) puts the job in a session and
 // process group of its own, so signals reach everything the job starts (torchrun's workers, a
@@ -357,10 +357,12 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   std::thread reader([&] { ReadOutput(out.native_source(), capture); });
 
   // Wait, while watching for a stop request, the timeout and the spot market: SIGTERM first,
-  // SIGKILL after the grace period (or when the instance is gone).
+  // SIGKILL after the grace period (or when the instance is gone). The grace is on the run's
+  // clock too: 10 s of wall time, but never more than kTermGraceSimSeconds simulated (at speed
+  // 7200, 10 s of wall time would be 20 billed hours).
   // At its spend cap the job is killed at once: its budget is gone, so there is no grace.
   bool timed_out = false, noticed = false, reclaimed = false, capped = false;
-  double term_sent_at = -1;
+  double term_sent_at = -1, term_sent_sim = -1;
   while (child.running(ec)) {
     double now = wall(), sim_now = now * ctx.speed;
     if (sim_now >= ctx.spend_cap_s) {
@@ -374,8 +376,10 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     if ((stop || timed_out || noticed) && term_sent_at < 0) {
       procs.Terminate();
       term_sent_at = now;
+      term_sent_sim = sim_now;
     } else if (sim_now >= interrupt_at ||
-               (term_sent_at >= 0 && now - term_sent_at > kGraceSeconds)) {
+               (term_sent_at >= 0 && (now - term_sent_at > kGraceSeconds ||
+                                      sim_now - term_sent_sim > kTermGraceSimSeconds))) {
       reclaimed = sim_now >= interrupt_at;
       procs.Kill();
       break;
@@ -432,6 +436,14 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     r.lost_fraction = worked > 0 ? std::clamp((progress - checkpointed) / worked, 0.0, 1.0) : 1.0;
   };
 
+  if (capped && timed_out) {
+    // Its reservation was its timeout and the grace: the cap ended a job that ignored SIGTERM.
+    r.outcome = Outcome::kTimeout;
+    r.message = "timed out after " + FormatDuration(ctx.spec.timeout_s) +
+                " (simulated) and killed at the end of its grace after SIGTERM";
+    partial();
+    return r;
+  }
   if (capped) {
     r.outcome = Outcome::kBudgetExceeded;
     char buf[160];

@@ -303,7 +303,7 @@ struct Worker::Impl {
         }
       }
     }
-    if (seconds < 0 && c.spec.timeout_s > 0) seconds = c.spec.timeout_s;
+    if (seconds < 0 && c.spec.timeout_s > 0) seconds = c.spec.timeout_s + kTermGraceSimSeconds;
     if (seconds < 0) return std::nullopt;
     return Charge(c.price_per_hour, c.instance_count, seconds);
   }
@@ -327,11 +327,19 @@ struct Worker::Impl {
         cat, "reserve budgets",
         [&](schema::Catalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
         /*give_up_on_stop=*/false);
+    std::map<int64_t, std::optional<Money>> expected_of;
+    for (size_t i = 0; i < budgeted.size(); ++i) expected_of[budgeted[i].stage_id] = expected[i];
     for (const auto& r : caps)
       for (auto& c : claimed) {
         if (c.stage_id != r.stage_id) continue;
         Money per_hour = Money::FromMicros(c.price_per_hour.micros() * c.instance_count);
-        double cap_s = per_hour.micros() > 0 ? 3600.0 * static_cast<double>(r.cap.micros()) /
+        // A command is held to what it reserved (its timeout and grace): the caps of the
+        // attempts beside it were computed on that. Four parallel commands that each ran to
+        // the whole cap spent $197 of a $50 budget. (A simulated stage's estimate is exact.)
+        Money cap = r.cap;
+        if (const auto& e = expected_of[c.stage_id]; e && c.spec.kind == StageKind::kRun)
+          cap = std::min(cap, *e);
+        double cap_s = per_hour.micros() > 0 ? 3600.0 * static_cast<double>(cap.micros()) /
                                                    static_cast<double>(per_hour.micros())
                                              : std::numeric_limits<double>::infinity();
         c.spend_cap_s = cap_s;

@@ -29,15 +29,12 @@ using testing::CliResult;
 using testing::RunTrnflow;
 using testing::TestDatabase;
 
-// A fresh directory of its own for one test, removed at the end.
+// A fresh directory of its own for one test, removed at the end; jobs can read it (their
+// namespaces show the source tree the pipelines are run from, read-only).
 class TempDir {
  public:
   explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() /
-              ("trnflow-security-" + std::to_string(getpid()) + "-" + name)) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
+      : path_(testing::JobVisibleDir("security-" + name)) {}
   ~TempDir() {
     std::error_code ec;
     fs::remove_all(path_, ec);
@@ -83,11 +80,8 @@ nlohmann::json Stage(int64_t run, const std::string& name, const std::string& en
 // writes ${{ run.dir }}/data/out.txt; the same command and inputs whatever the project.
 struct TinyPipeline {
   explicit TinyPipeline(const fs::path& dir) : dir(dir) {
-    // The job runs as its project's uid: it may append to the call log and nothing else here.
-    std::ofstream(dir / "calls.log").close();
-    fs::permissions(dir / "calls.log", fs::perms::all & ~fs::perms::others_exec &
-                                           ~fs::perms::group_exec & ~fs::perms::owner_exec);
-    std::ofstream(dir / "prep.sh") << "set -e\necho ran >> " << (dir / "calls.log").string()
+    // The job sees this directory read-only: it marks its run's directory when it runs.
+    std::ofstream(dir / "prep.sh") << "set -e\necho ran >> \"$TRNFLOW_RUN_DIR/ran-prepare\""
                                    << "\nmkdir -p \"$1\"\necho 'result 42' > \"$1/out.txt\"\n";
     std::ofstream(file()) << "pipeline: tenancy\nproject: nobody\nstages:\n"
                              "  prepare:\n"
@@ -102,9 +96,13 @@ struct TinyPipeline {
     return "TRNFLOW_SPOT_RATE_MULTIPLIER=0 TRNFLOW_HOME=" + (dir / "home").string();
   }
   fs::path home() const { return dir / "home"; }
+  // Runs in which the command really ran (a cache hit restores only the declared outputs).
   long calls() const {
-    std::ifstream in(dir / "calls.log");
-    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+    long n = 0;
+    std::error_code ec;
+    for (const auto& run : fs::directory_iterator(home() / "runs", ec))
+      n += fs::exists(run.path() / "ran-prepare");
+    return n;
   }
   // Runs it as `project`; returns (run id, prepare's stage JSON).
   std::pair<int64_t, nlohmann::json> Run(const std::string& project) const {

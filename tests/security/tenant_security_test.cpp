@@ -243,11 +243,7 @@ TEST_F(Tenants, ClaimsShareAPoolBetweenProjects) {
 // A job looks for a way into the catalog: its environment, every process's, the credential
 // files, the worker's logs, and psql as every role it can name, over the socket and TCP.
 TEST_F(Tenants, AJobFindsNoWayIntoTheCatalog) {
-  std::string dir = WriteTempFile("attack.d", "");
-  fs::remove(dir);
-  fs::create_directories(dir);
-  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                           fs::perms::others_read | fs::perms::others_exec);
+  std::string dir = testing::JobVisibleDir("attack");
   schema::Catalog daemon(TestDatabase::url());
   std::string roles = "postgres trnflow " + daemon.QueryValue("SELECT trnflow.daemon_role()") +
                       " " + daemon.QueryValue("SELECT trnflow.reader_role()") + " trnflow_test_" +
@@ -368,6 +364,42 @@ TEST_P(Runaway, StopsAtTheBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Speeds, Runaway, ::testing::Values(1.0, 7200.0, 100000.0));
+
+// Four commands of one budgeted run at once, each with a timeout, each ignoring SIGTERM. They
+// used to get 10 s of wall-clock grace after their timeout (20 simulated hours at speed 7200)
+// and run to the whole cap each: $197.87 of a $50 budget. Each is now held to what it
+// reserved, its timeout and a grace on the run's clock.
+TEST(Runaway, ParallelCommandsThatIgnoreSigtermStayInsideTheBudget) {
+  std::string y = "pipeline: stubborn\nproject: ten-stubborn\nbudget_usd: 50\nstages:\n";
+  for (int i = 0; i < 4; ++i)
+    y += "  s" + std::to_string(i) +
+         ":\n    run: \"trap '' TERM; while true; do sleep 1; done\"\n    shell: true\n"
+         "    timeout: 30m\n    instance: trn1.32xlarge\n";
+  std::string file = WriteTempFile("stubborn.yaml", y);
+  CliResult r = RunTrnflow("run " + file + " --force --speed 7200", "timeout 300");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  int64_t run = RunIdFrom(r.out);
+  schema::Catalog daemon(TestDatabase::url());
+  auto got = daemon.GetRun(run);
+  ASSERT_TRUE(got);
+  auto attempts = daemon.GetAttempts(run);
+  ASSERT_EQ(attempts.size(), 4u);
+  for (const auto& a : attempts) EXPECT_EQ(a.outcome, "timeout") << a.message;
+  Money price;
+  ASSERT_TRUE(Money::Parse(
+      daemon.QueryValue("SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " +
+                        std::to_string(run)),
+      &price));
+  Money limit;
+  ASSERT_TRUE(Money::Parse("50", &limit));
+  Money minute = Charge(price, 1, 60);
+  EXPECT_LE(got->cost, limit + minute + minute + minute + minute) << "spent past the budget";
+  // Each ran its 30 minutes and at most its grace after them.
+  for (const auto& a : attempts) {
+    EXPECT_GE(a.cost, Charge(price, 1, 1800)) << a.message;
+    EXPECT_LE(a.cost, Charge(price, 1, 1800 + 120 + 60)) << a.message;
+  }
+}
 
 }  // namespace
 }  // namespace trnflow
