@@ -184,13 +184,15 @@ int CmdExecStage(const std::string& dir) {
   std::printf("%s: %s%s%s\n", ctx.spec.name.c_str(), std::string(ToString(r.outcome)).c_str(),
               r.message.empty() ? "" : ": ", r.message.c_str());
   std::fflush(stdout);
-  fs::path tmp = fs::path(dir) / ".result.json.tmp";
+  // In the attempt's work/, the one part of its directory the job may write.
+  fs::path work = fs::path(dir) / "work";
+  fs::path tmp = work / ".result.json.tmp";
   {
     std::ofstream f(tmp);
     f << out.dump() << "\n";
     if (!f) throw std::runtime_error("cannot write " + tmp.string());
   }
-  fs::rename(tmp, fs::path(dir) / "result.json");
+  fs::rename(tmp, work / "result.json");
   return r.outcome == Outcome::kSucceeded ? kExitOk : kExitRunFailed;
 }
 

@@ -13,7 +13,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +169,28 @@ std::optional<std::string> ReadSmallFile(const fs::path& p) {
   return s.str();
 }
 
+// A file the job wrote in its own directory `dir`, read by root: opened beneath `dir` by the
+// kernel (no link, no `..`, no other mount on the way), only a regular file, at most 1 MiB.
+std::optional<std::string> ReadJobFile(const fs::path& dir, const std::string& name) {
+  int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (d < 0) return std::nullopt;
+  open_how how{};
+  how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
+  int fd = static_cast<int>(::syscall(SYS_openat2, d, name.c_str(), &how, sizeof how));
+  ::close(d);
+  if (fd < 0) return std::nullopt;
+  struct stat st;
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (1 << 20)) {
+    text.resize(static_cast<size_t>(st.st_size));
+    ssize_t n = ::read(fd, text.data(), text.size());
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  return text;
+}
+
 slurm::WrapperFiles ReadWrapperFiles(const fs::path& dir) {
   return slurm::ParseWrapperFiles(ReadSmallFile(dir / "begin"), fs::exists(dir / "notice"),
                                   ReadSmallFile(dir / "exit"));
@@ -176,27 +200,45 @@ slurm::WrapperFiles ReadWrapperFiles(const fs::path& dir) {
 // atomically, runs the workload in a session (process group) of its own, as the job's uid,
 // with exactly the environment in `env`, and forwards Slurm's notice (USR1) and stop (TERM)
 // to the workload's group as TERM: the same signal the process executor sends at a notice.
+// The wrapper runs as root on the node; the directory it writes in is root's (the job cannot
+// plant a link there), and the job's output goes to a file the wrapper opens there. With
+// `namespaced` the command is `argv` already wrapped in bwrap (NamespaceArgv), which writes its
+// namespace's pid 1 to .ns: a notice or a stop is forwarded as TERM to every process of that
+// namespace but its pid 1, as the process executor does (TERM to bwrap itself would take the
+// job down before it could save anything).
 std::string WrapperScript(const fs::path& dir, const std::string& workdir,
                           const JobIdentity& id, const JobLimits& limits,
-                          const std::vector<std::string>& argv) {
+                          const std::vector<std::string>& argv, bool namespaced) {
   std::ostringstream s;
   s << "#!/bin/bash\n"
        "# Written by the trnflow worker for one attempt. Do not edit: the worker reads the\n"
        "# files it writes (begin, notice, exit) to judge the attempt.\n"
+       "umask 077\n"
        "dir="
     << ShellQuote(dir.string())
     << "\n"
        "put() { printf '%s\\n' \"$2\" > \"$dir/.$1.tmp\" && mv -f \"$dir/.$1.tmp\" \"$dir/$1\"; }\n"
-       "child=\n"
-       "forward() { [ -n \"$child\" ] && kill -TERM -- \"-$child\" 2>/dev/null; }\n"
-       "trap 'put notice \"$(date +%s)\"; forward' USR1\n"
+       "child=\n";
+  if (namespaced)
+    s << "forward() {\n"
+         "  local init ns p\n"
+         "  init=$(sed -n 's/.*\"child-pid\": *\\([0-9]*\\).*/\\1/p' \"$dir/.ns\" 2>/dev/null)\n"
+         "  [ -n \"$init\" ] && ns=$(readlink \"/proc/$init/ns/pid\") || return\n"
+         "  for p in /proc/[0-9]*; do\n"
+         "    [ \"${p#/proc/}\" != \"$init\" ] && [ \"$(readlink \"$p/ns/pid\" 2>/dev/null)\" = \"$ns\" ] &&\n"
+         "      kill -TERM \"${p#/proc/}\" 2>/dev/null\n"
+         "  done\n"
+         "}\n";
+  else
+    s << "forward() { [ -n \"$child\" ] && kill -TERM -- \"-$child\" 2>/dev/null; }\n";
+  s << "trap 'put notice \"$(date +%s)\"; forward' USR1\n"
        "trap forward TERM\n"
        "put begin \"$(date +%s.%N) ${SLURM_JOB_ID:-} ${SLURMD_NODENAME:-}\"\n"
-       "mapfile -d '' -t jobenv < \"$dir/env\"\n"
-       "cd "
-    << ShellQuote(workdir)
-    << " || { put exit 126; exit 126; }\n"
-       "ulimit -v "
+       "mapfile -d '' -t jobenv < \"$dir/env\"\n";
+  // Without namespaces the wrapper enters the workdir; with them bwrap does, as the job.
+  if (!namespaced)
+    s << "cd " << ShellQuote(workdir) << " || { put exit 126; exit 126; }\n";
+  s << "ulimit -v "
     << limits.address_space / 1024 << " -u " << limits.processes << " -f "
     << limits.file_size / 512 << " -n " << limits.open_files
     << " 2>/dev/null\n"
@@ -205,7 +247,8 @@ std::string WrapperScript(const fs::path& dir, const std::string& workdir,
     s << "--reuid=" << id.uid << " --regid=" << id.gid << " --clear-groups ";
   s << "env -i \"${jobenv[@]}\"";
   for (const auto& a : argv) s << ' ' << ShellQuote(a);
-  s << " < /dev/null >> \"$dir/output.log\" 2>&1 &\n"
+  s << " < /dev/null >> \"$dir/output.log\" 2>&1" << (namespaced ? " 5> \"$dir/.ns\"" : "")
+    << " &\n"
        "child=$!\n"
        "code=0\n"
        "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; code=$?; done\n"
@@ -315,7 +358,13 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     r.message = std::move(message);
     return r;
   };
-  fs::path base = fs::path(opt_.shared_dir) / ("run-" + std::to_string(ctx.run_id));
+  // The shared directory holds a directory per project uid (root's, group the project's, 0710:
+  // no other project's job gets through), a run's attempts below it, root's. Only `work/` of
+  // an attempt is the job's.
+  fs::path project_dir = fs::path(opt_.shared_dir) /
+                         (ctx.identity.switch_user ? "uid-" + std::to_string(ctx.identity.uid)
+                                                   : std::string("jobs"));
+  fs::path base = project_dir / ("run-" + std::to_string(ctx.run_id));
   auto attempt_dir = [&](int attempt) {
     return base / (SafeName(ctx.spec.name) + ".attempt-" + std::to_string(attempt));
   };
@@ -363,8 +412,20 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   if (job_id.empty()) {
     std::error_code ec;
     fs::remove_all(dir, ec);  // a previous life of this attempt that never reached sbatch
-    fs::create_directories(dir, ec);
+    fs::create_directories(dir / "work", ec);
     if (ec) return infra("cannot create " + dir.string() + ": " + ec.message());
+    if (ctx.identity.switch_user) {
+      // Root's all the way down to work/, which alone is the job's: the wrapper (root) never
+      // writes where the job could have planted a link.
+      gid_t g = ctx.identity.gid;
+      for (auto [path, mode] : {std::pair{project_dir, 0710}, {base, 0710}, {dir, 0750}})
+        if (::chown(path.c_str(), 0, g) != 0 || ::chmod(path.c_str(), mode) != 0)
+          return infra("cannot give " + path.string() + " to the project's group");
+      if (::chown((dir / "work").c_str(), ctx.identity.uid, g) != 0 ||
+          ::chmod((dir / "work").c_str(), 0700) != 0)
+        return infra("cannot hand " + (dir / "work").string() + " to uid " +
+                     std::to_string(ctx.identity.uid));
+    }
     std::vector<std::string> argv;
     if (simulated) {
       nlohmann::json c = {{"spec", nlohmann::json::parse(ToJson(ctx.spec))},
@@ -377,7 +438,9 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
                           {"seed", ctx.seed},
                           {"spot_rate_multiplier", ctx.spot_rate_multiplier},
                           {"spend_cap_s", std::isfinite(ctx.spend_cap_s) ? ctx.spend_cap_s : -1}};
-      WriteFileAtomically(dir / "context.json", c.dump(), 0644);
+      WriteFileAtomically(dir / "context.json", c.dump(), 0640);
+      if (ctx.identity.switch_user && ::chown((dir / "context.json").c_str(), 0, ctx.identity.gid))
+        return infra("cannot give " + (dir / "context.json").string() + " to the project's group");
       argv = {opt_.trnflow_binary, "exec-stage", dir.string()};
     } else {
       for (const auto& a : ctx.spec.command.argv)
@@ -388,19 +451,26 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         return r;
       }
       if (ctx.spec.command.shell) argv = {"/bin/sh", "-c", argv[0]};
+      if (ctx.namespaces.enabled && ctx.spec.command.network && !ctx.namespaces.allow_network) {
+        r.outcome = Outcome::kUserError;
+        r.message =
+            "the stage asks for `network: host` and this worker keeps jobs off the network; an "
+            "operator allows it with `trnflow worker --allow-network` (docs/security.md)";
+        return r;
+      }
+      // The same namespaces as on the worker's own host (bwrap must be installed on the nodes).
+      if (ctx.namespaces.enabled) argv = NamespaceArgv(ctx, argv, 5);
     }
     std::string env;
     for (const auto& [k, v] : JobEnvironment(ctx, job_home)) env += k + "=" + v + '\0';
     WriteFileAtomically(dir / "env", env, 0600);
+    bool namespaced = ctx.namespaces.enabled && !simulated;
     WriteFileAtomically(dir / "job.sh",
-                        WrapperScript(dir, ctx.workdir, ctx.identity, ctx.limits, argv), 0700);
-    WriteFileAtomically(dir / "output.log", "", 0644);
-    if (ctx.identity.switch_user) {
-      // The job writes its output and (simulated stages) its result here as its own uid.
-      if (::chown(dir.c_str(), ctx.identity.uid, ctx.identity.gid) != 0 ||
-          ::chown((dir / "output.log").c_str(), ctx.identity.uid, ctx.identity.gid) != 0)
-        return infra("cannot hand " + dir.string() + " to uid " + std::to_string(ctx.identity.uid));
-    }
+                        WrapperScript(dir, simulated ? dir.string() : ctx.workdir, ctx.identity,
+                                      ctx.limits, argv, namespaced),
+                        0700);
+    // Unmasked output (secrets): root's only; the worker masks it into the attempt's log.
+    WriteFileAtomically(dir / "output.log", "", 0600);
 
     const std::string name = SlurmJobName(ctx.run_id, ctx.stage_id, ctx.attempt);
     std::vector<std::string> sbatch = {
@@ -606,7 +676,7 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   // A simulated stage says itself how it ended, unless Slurm or the market cut it short.
   if (simulated && verdict.outcome != Outcome::kSpotInterruption &&
       verdict.outcome != Outcome::kCancelled) {
-    if (auto text = ReadSmallFile(dir / "result.json")) {
+    if (auto text = ReadJobFile(dir / "work", "result.json")) {
       try {
         auto j = nlohmann::json::parse(*text);
         if (auto o = ParseOutcome(j.at("outcome").get<std::string>())) r.outcome = *o;
@@ -618,7 +688,8 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         r.message += (r.message.empty() ? "" : "; ") + std::string("Slurm job ") + job_id;
         return r;
       } catch (const std::exception& e) {
-        log->warn("{}: unreadable result ({}): judging by Slurm", (dir / "result.json").string(),
+        log->warn("{}: unreadable result ({}): judging by Slurm",
+                  (dir / "work" / "result.json").string(),
                   e.what());
       }
     }
@@ -629,7 +700,7 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     return r;
   }
   if (simulated && r.outcome == Outcome::kSpotInterruption) {
-    if (auto text = ReadSmallFile(dir / "result.json")) {
+    if (auto text = ReadJobFile(dir / "work", "result.json")) {
       try {
         auto j = nlohmann::json::parse(*text);
         progress = std::max(progress, j.at("progress_to").get<double>());

@@ -891,7 +891,8 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
                std::string::npos;
       },
       30));
-  std::string gate = fs::temp_directory_path() / ("trnflow-serve-gate-" + std::to_string(getpid()));
+  // Where the job's namespaces show it (its workdir's tree, read-only), made by the test.
+  std::string gate = fs::path(testing::JobVisibleDir("serve-gate")) / "gate";
   fs::remove(gate);
   std::string yaml = std::regex_replace(std::string(kSlow), std::regex("GATE"), gate);
   auto sub = RunTrnflow("submit " + WriteTempFile("slow.yaml", yaml) + " --format json");
@@ -1228,7 +1229,7 @@ TEST_F(Serve, TheLogOfARunStageIsTailedForThoseWhoSeeTheRun) {
   EXPECT_EQ(Get(proxy_port_, "/api/runs/" + climate + "/log?stage=prepare&attempt=1").status, 401);
 
   // A running stage: read what is there, then only what followed, as it grows.
-  std::string gate = fs::temp_directory_path() / ("trnflow-serve-log-gate-" + std::to_string(getpid()));
+  std::string gate = fs::path(testing::JobVisibleDir("serve-log-gate")) / "gate";
   fs::remove(gate);
   std::string yaml = std::regex_replace(std::string(kTalky), std::regex("GATE"), gate);
   auto sub = RunTrnflow("submit " + WriteTempFile("talky.yaml", yaml) + " --format json");
