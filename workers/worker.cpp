@@ -1,5 +1,6 @@
 #include "workers/worker.h"
 
+#include <stdexcept>
 #include <sys/stat.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -52,6 +53,11 @@ std::string NewUuid() {
 }
 
 // FNV-1a: a stable hash, so the same run seed gives the same draws on every build.
+// A claimed stage whose stored spec cannot be read: it fails as a user error, never retried.
+struct MalformedSpec : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ULL) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
@@ -557,6 +563,7 @@ struct Worker::Impl {
     };
     ExecResult er;
     try {
+      if (!c.spec_error.empty()) throw MalformedSpec(c.spec_error);
       std::vector<std::string> missing =
           ResolveSecrets(opt.secrets_dir, c.project, c.spec.command.secrets, &ctx.secrets);
       if (!missing.empty()) {
@@ -578,6 +585,11 @@ struct Worker::Impl {
         er = RunCachedStage(ctx, c);
       else
         er = RunStage(ctx);
+    } catch (const MalformedSpec& e) {
+      er.outcome = Outcome::kUserError;
+      er.ran_instance = false;
+      er.message = std::string("the stage's stored spec cannot be run (") + e.what() +
+                   "); resubmit the pipeline with `trnflow submit`";
     } catch (const std::exception& e) {
       er.outcome = Outcome::kInfraError;
       er.message = std::string("executor failed: ") + e.what();
