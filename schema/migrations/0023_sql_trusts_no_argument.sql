@@ -69,7 +69,7 @@ LANGUAGE sql STABLE AS $$
       THEN 'unknown kind ''' || kind || ''''
     WHEN market NOT IN ('on-demand', 'spot') THEN 'unknown market ''' || market || ''''
     WHEN cnt IS NULL OR cnt < 1 OR cnt > 512 THEN 'count ' || coalesce(cnt::text, 'NULL') || ' is not in 1..512'
-    WHEN accel IS NULL THEN 'unknown instance type ''' || itype || ''' (see `trnflow instances`)'
+    WHEN accel IS NULL THEN 'unknown instance type "' || itype || '" (see `trnflow instances`)'
     WHEN pool IS DISTINCT FROM ipool
       THEN 'pool ''' || coalesce(pool, '') || ''' is not ' || itype || '''s pool ''' || ipool || ''''
     WHEN kind = 'train' AND accel NOT IN ('trainium', 'gpu')
@@ -231,8 +231,9 @@ BEGIN
     RAISE EXCEPTION 'a dependency names no stage of the run' USING ERRCODE = '22023';
   END IF;
   IF EXISTS (SELECT 1 FROM unnest(p_pending) WITH ORDINALITY AS p(pending, ord)
-             WHERE pending IS DISTINCT FROM
-                   (SELECT count(*) FROM unnest(p_dep_from) AS d(f) WHERE f = ord)) THEN
+             LEFT JOIN (SELECT f, count(*) AS needs FROM unnest(p_dep_from) AS d(f) GROUP BY f) c
+               ON c.f = p.ord
+             WHERE p.pending IS DISTINCT FROM coalesce(c.needs, 0)) THEN
     RAISE EXCEPTION 'a stage''s pending count is not the number of its needs' USING ERRCODE = '22023';
   END IF;
   IF (SELECT count(DISTINCT x) FROM unnest(p_names) AS u(x)) <> n THEN
