@@ -37,13 +37,34 @@ LANGUAGE sql IMMUTABLE AS $$
   END
 $$;
 
--- NULL when `t` is not JSON (instead of an error that names no stage).
-CREATE FUNCTION trnflow.try_jsonb(t text) RETURNS jsonb
+-- Whether a JSON value is not a number in [lo, hi] (integral when `integral`); absent or null
+-- counts as bad only when `required`. Plain expressions (no subquery), so they are inlined: the
+-- per-stage check costs microseconds, not the tens a subquery's set-up costs per call.
+CREATE FUNCTION trnflow.bad_number(v jsonb, lo numeric, hi numeric, integral boolean,
+                                   required boolean) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN v IS NULL OR jsonb_typeof(v) = 'null' THEN required
+              WHEN jsonb_typeof(v) <> 'number' THEN true
+              ELSE v::numeric NOT BETWEEN lo AND hi OR (integral AND v::numeric <> trunc(v::numeric))
+         END
+$$;
+
+-- A compile's cache inputs are the graph its own workload compiles (pipelines/parser.cpp,
+-- CompileCacheInputs): the same model, shapes, target and flags. Inputs that are not JSON
+-- raise 22P02 (refused, nothing written; the parser never writes them). No subquery: a
+-- subquery's set-up per call cost ~45 us a stage; the inputs are parsed once.
+CREATE FUNCTION trnflow.cache_inputs_match(inputs text, w jsonb) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE ci jsonb := inputs::jsonb;
 BEGIN
-  RETURN t::jsonb;
-EXCEPTION WHEN others THEN
-  RETURN NULL;
+  RETURN coalesce(jsonb_typeof(ci) = 'object' AND jsonb_typeof(w) = 'object'
+     AND ci->'model' = w->'model' AND ci->'batch' = w->'batch'
+     AND ci->'seq_len' = w->'seq_len' AND ci->'dtype' = w->'dtype'
+     AND ci->'tp_degree' = w->'tp_degree' AND ci->'target' = w->'target'
+     AND jsonb_typeof(ci->'compiler_flags') = 'array'
+     AND jsonb_typeof(w->'compiler_flags') = 'array'
+     AND (ci->'compiler_flags') @> (w->'compiler_flags')
+     AND (w->'compiler_flags') @> (ci->'compiler_flags'), false);
 END $$;
 
 -- What is wrong with one stage of a submission, or NULL. Mirrors StageSpecFromJson
@@ -100,19 +121,20 @@ LANGUAGE sql STABLE AS $$
       OR spec->'workload'->>'kind' IS DISTINCT FROM kind
       OR jsonb_typeof(spec->'workload'->'model') IS DISTINCT FROM 'object'
       OR jsonb_path_exists(spec->'workload', 'lax $.** ? (@.type() == "number" && (@ < 0 || @ > 1e15))')
-      OR EXISTS (SELECT 1 FROM unnest(ARRAY['layers', 'hidden', 'heads', 'kv_heads', 'ffn', 'vocab',
-                                            'context']) AS k(k)
-                 WHERE jsonb_typeof(spec->'workload'->'model'->k) = 'number'
-                   AND ((spec->'workload'->'model'->>k)::numeric > 2147483647
-                        OR (spec->'workload'->'model'->>k)::numeric <> trunc((spec->'workload'->'model'->>k)::numeric)))
-      OR EXISTS (SELECT 1 FROM unnest(ARRAY['seq_len', 'input_tokens', 'output_tokens']) AS k(k)
-                 WHERE jsonb_typeof(spec->'workload'->k) = 'number'
-                   AND ((spec->'workload'->>k)::numeric > 2147483647
-                        OR (spec->'workload'->>k)::numeric <> trunc((spec->'workload'->>k)::numeric)))
-      OR EXISTS (SELECT 1 FROM unnest(ARRAY['tp', 'pp', 'batch', 'tp_degree']) AS k(k)
-                 WHERE jsonb_typeof(spec->'workload'->k) IS DISTINCT FROM 'number'
-                    OR (spec->'workload'->>k)::numeric NOT BETWEEN 1 AND 1024
-                    OR (spec->'workload'->>k)::numeric <> trunc((spec->'workload'->>k)::numeric)))
+      OR trnflow.bad_number(spec->'workload'->'model'->'layers', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'hidden', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'heads', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'kv_heads', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'ffn', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'vocab', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'model'->'context', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'seq_len', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'input_tokens', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'output_tokens', 0, 2147483647, true, false)
+      OR trnflow.bad_number(spec->'workload'->'tp', 1, 1024, true, true)
+      OR trnflow.bad_number(spec->'workload'->'pp', 1, 1024, true, true)
+      OR trnflow.bad_number(spec->'workload'->'batch', 1, 1024, true, true)
+      OR trnflow.bad_number(spec->'workload'->'tp_degree', 1, 1024, true, true))
       THEN 'its workload is malformed (kind, model, and every figure finite, not negative and in range)'
     -- Policies.
     WHEN spec ? 'retry' AND (jsonb_typeof(spec->'retry') <> 'object'
@@ -123,10 +145,9 @@ LANGUAGE sql STABLE AS $$
            'strict $[*] ? (!(@ == "spot_interruption" || @ == "capacity_unavailable" || @ == "lost" || @ == "timeout" || @ == "infra_error"))')
       OR jsonb_typeof(spec->'retry'->'backoff') IS DISTINCT FROM 'object'
       OR NOT (spec->'retry'->'backoff' ?& ARRAY['initial_s', 'factor', 'max_s'])
-      OR EXISTS (SELECT 1 FROM unnest(ARRAY['initial_s', 'factor', 'max_s']) AS k(k)
-                 WHERE jsonb_typeof(spec->'retry'->'backoff'->k) IS DISTINCT FROM 'number'
-                    OR (spec->'retry'->'backoff'->>k)::numeric NOT BETWEEN 0 AND 1e9)
-      OR (spec->'retry'->'backoff'->>'factor')::numeric NOT BETWEEN 1 AND 100
+      OR trnflow.bad_number(spec->'retry'->'backoff'->'initial_s', 0, 1e9, false, true)
+      OR trnflow.bad_number(spec->'retry'->'backoff'->'max_s', 0, 1e9, false, true)
+      OR trnflow.bad_number(spec->'retry'->'backoff'->'factor', 1, 100, false, true)
       OR jsonb_typeof(spec->'retry'->'max_interruptions') IS DISTINCT FROM 'number'
       OR (spec->'retry'->>'max_interruptions')::numeric NOT BETWEEN 0 AND 1000
       OR spec->'retry'->>'then' IS NULL OR spec->'retry'->>'then' NOT IN ('on-demand', 'fail'))
@@ -148,16 +169,8 @@ LANGUAGE sql STABLE AS $$
     WHEN coalesce(spec->>'cache_key', '') <> '' AND (kind <> 'compile'
       OR spec->>'cache_key' <> encode(sha256(convert_to(coalesce(spec->>'cache_inputs', ''), 'UTF8')), 'hex'))
       THEN 'its cache key is not the hash of its cache inputs (the catalog computes it; it cannot be chosen)'
-    WHEN coalesce(spec->>'cache_key', '') <> '' AND NOT coalesce((
-      SELECT jsonb_typeof(ci) = 'object'
-         AND ci->'model' = w->'model' AND ci->'batch' = w->'batch'
-         AND ci->'seq_len' = w->'seq_len' AND ci->'dtype' = w->'dtype'
-         AND ci->'tp_degree' = w->'tp_degree' AND ci->'target' = w->'target'
-         AND ci->'compiler_flags' = coalesce((
-               SELECT jsonb_agg(f ORDER BY f COLLATE "C")
-               FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(w->'compiler_flags') = 'array'
-                                                   THEN w->'compiler_flags' END) AS x(f)), '[]'::jsonb)
-      FROM (SELECT trnflow.try_jsonb(spec->>'cache_inputs') AS ci, spec->'workload' AS w) c), false)
+    WHEN coalesce(spec->>'cache_key', '') <> ''
+      AND NOT trnflow.cache_inputs_match(spec->>'cache_inputs', spec->'workload')
       THEN 'its cache inputs are not the graph its workload compiles'
   END
 $$;
@@ -291,8 +304,7 @@ REVOKE EXECUTE ON FUNCTION trnflow.submit_run_0022(text, text, text, text, jsonb
   int[], int[]), trnflow.reset_stages_0022(bigint, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION trnflow.submit_run(text, text, text, text, jsonb, float8, bigint,
   float8, numeric, text, boolean, text[], text[], text[], text[], int[], text[], int[], jsonb[],
-  int[], int[]), trnflow.reset_stages(bigint, text),
-  trnflow.try_jsonb(text) FROM PUBLIC;
+  int[], int[]), trnflow.reset_stages(bigint, text) FROM PUBLIC;
 DO $$
 DECLARE
   g text;
