@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
+#include "sim/feasibility.h"
 #include "sim/perf_model.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
@@ -768,7 +769,20 @@ struct Worker::Impl {
     w.key = c.spec.cache_key;
     w.inputs = c.spec.cache_inputs;
     w.what = "compiled graph";
+    // A failure is remembered for the key only when the graph itself fails (an operator, a
+    // shape): the key does not hold the host, so a compile run out of memory on a small host
+    // would otherwise fail that graph for everyone (another project could poison it on
+    // purpose).
     w.poison_failures = true;
+    if (const auto* host = sim::Catalog::Builtin().FindInstance(c.spec.instance)) {
+      try {
+        sim::CompileOutcome o = sim::PredictCompile(
+            sim::Catalog::Builtin(), sim::WorkloadFromJson(c.spec.workload_json), *host);
+        if (!o.ok && o.code == "HOST_OOM") w.poison_failures = false;
+      } catch (const std::exception&) {
+        w.poison_failures = false;  // a workload it cannot read says nothing of the graph
+      }
+    }
     w.build = [&] {
       ExecResult er = Simulated().Run(ctx);
       StoredArtifact a;

@@ -302,6 +302,45 @@ TEST_F(SqlAttacks, ACompileCacheKeyCannotBeChosen) {
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.artifacts WHERE cache_key = '" + key + "'"), "0");
 }
 
+// The key holds the graph, not the host: compiling the victim's very graph on a host too small
+// for the compiler (HOST_OOM) is a valid call, and must fail only the caller's stage, not leave
+// a failure under the key that the victim's run would be served.
+TEST_F(SqlAttacks, ACompileThatRanOutOfHostMemoryPoisonsNoKey) {
+  pqxx::connection m(mallory_url_);
+  Call c = FromYaml(kCompile, "atk");
+  nlohmann::json s = Spec(c, 0);
+  std::string key = s["cache_key"];
+  s["instance"] = "c6i.large";
+  c.types[0] = "c6i.large";
+  c.pools[0] = "cpu";
+  c.specs[0] = s.dump();
+  int64_t mine = Submit(m, c);
+  workers::Worker worker(testing::TestWorkerOptions({{"cpu", 4}, {"trn1", 2}}));
+  scheduler::Scheduler sched(testing::TestSchedulerOptions());
+  sched.Start();
+  worker.Start();
+  auto state = [](int64_t run) {
+    return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+  };
+  ASSERT_TRUE(WaitFor([&] { return state(mine) != "running"; }, 30));
+  EXPECT_EQ(state(mine), "failed");
+  EXPECT_NE(Query("SELECT coalesce(string_agg(state, ','), 'none') FROM trnflow.artifacts WHERE "
+                  "cache_key = '" + key + "'"),
+            "failed")
+      << "a host's out-of-memory was remembered as the graph's failure";
+  // The victim's compile of that graph, on a host that fits it, succeeds.
+  schema::Catalog daemon(TestDatabase::url());
+  auto o = testing::FastSubmit();
+  o.project = "vic";
+  int64_t theirs = daemon.SubmitRun(testing::MustParse(kCompile, "vic"), o);
+  ASSERT_TRUE(WaitFor([&] { return state(theirs) != "running"; }, 30));
+  worker.Stop();
+  sched.Stop();
+  EXPECT_EQ(state(theirs), "succeeded")
+      << Query("SELECT string_agg(message, '; ') FROM trnflow.attempts WHERE run_id = " +
+               std::to_string(theirs));
+}
+
 TEST_F(SqlAttacks, ConcurrentSubmitsCannotRaceTheQueuedStagesQuota) {
   ASSERT_EQ(RunTrnflow("project add race --member " + Member("mallory") +
                        " --max-queued-stages 100")
