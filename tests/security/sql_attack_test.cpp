@@ -167,9 +167,19 @@ TEST_F(SqlAttacks, StageNamesThatArePathsOrControlCharactersAreRefused) {
     c.specs[0] = s.dump();
     EXPECT_EQ(Refusal(m, c), "22023") << "stage named '" << name << "'";
   }
-  // Retry takes a name too.
-  EXPECT_THROW(pqxx::work(m).exec("SELECT trnflow.reset_stages(1, '../x')"), pqxx::sql_error);
   EXPECT_EQ(Written(), before) << "a refused call wrote something";
+  // Retry takes a name too: refused as bad input before any stage is looked at.
+  int64_t run = Submit(m, FromYaml(kOne, "atk"));
+  for (const std::string name : {"../x", "a/b", "%"}) {
+    std::string state;
+    try {
+      pqxx::work tx(m);
+      tx.exec_params("SELECT trnflow.reset_stages($1, $2)", run, name);
+    } catch (const pqxx::sql_error& e) {
+      state = e.sqlstate();
+    }
+    EXPECT_EQ(state, "22023") << "retry of stage '" << name << "'";
+  }
 }
 
 TEST_F(SqlAttacks, InstancesMustBeTheCatalogsAndSuitTheKind) {
@@ -445,6 +455,42 @@ TEST_F(SqlAttacks, AMalformedSpecFailsItsOwnStageAndStallsNothing) {
       std::to_string(mine) + " AND s.name = 'bad'");
   EXPECT_NE(why.find("user_error: the stage's stored spec cannot be run"), std::string::npos)
       << why;
+}
+
+// The same spec in a running stage whose worker died: the rescuer closes it with every other
+// expired lease (another project's among them) instead of failing the whole rescue.
+TEST_F(SqlAttacks, AMalformedSpecDoesNotStallTheLeaseRescuer) {
+  schema::Catalog daemon(TestDatabase::url());
+  auto o = testing::FastSubmit();
+  o.project = "atk";
+  int64_t mine = daemon.SubmitRun(testing::MustParse(kOne, "atk"), o);
+  o.project = "vic";
+  int64_t other = daemon.SubmitRun(testing::MustParse(kOne, "vic"), o);
+  const std::string dead = "00000000-0000-0000-0000-0000000000d1";
+  for (int64_t run : {mine, other})
+    ASSERT_EQ(daemon.ClaimReadyStages("cpu", 4, dead, "dead", 1, run).size(), 1u);
+  Query("UPDATE trnflow.stages SET spec = '[1, 2]' WHERE run_id = " + std::to_string(mine) +
+        "; SELECT 1");
+  scheduler::Scheduler sched(testing::TestSchedulerOptions());
+  sched.Start();
+  auto attempt = [](int64_t run) {
+    return Query("SELECT coalesce(string_agg(a.outcome, ','), '') FROM trnflow.attempts a "
+                 "WHERE a.run_id = " + std::to_string(run));
+  };
+  // The dead worker's lease lapses after 1 s; the rescuer closes both attempts as lost.
+  EXPECT_TRUE(WaitFor([&] { return attempt(other) == "lost" && attempt(mine) == "lost"; }, 20))
+      << "other: " << attempt(other) << "; mine: " << attempt(mine);
+  // A worker then fails the malformed stage on its next claim and runs the other's.
+  workers::Worker worker(testing::TestWorkerOptions({{"cpu", 4}}));
+  worker.Start();
+  auto state = [](int64_t run) {
+    return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+  };
+  EXPECT_TRUE(WaitFor([&] { return state(other) != "running" && state(mine) != "running"; }, 30));
+  worker.Stop();
+  sched.Stop();
+  EXPECT_EQ(state(other), "succeeded");
+  EXPECT_EQ(state(mine), "failed");
 }
 
 // A member opens a transaction that holds its own run's row, with its timeouts SET to nothing:
