@@ -437,18 +437,18 @@ BEGIN
     RAISE EXCEPTION 'job uid range %-% is not within 1000-4294967293 (START <= END)', p_lo, p_hi
       USING ERRCODE = '22023', HINT = 'e.g. --job-uid-range 200000-299999';
   END IF;
+  SELECT * INTO other FROM trnflow.job_uid_claims() c
+  WHERE NOT c.mine AND c.lo <= p_hi AND p_lo <= c.hi LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'job uid range %-% overlaps %-% of %', p_lo, p_hi, other.lo, other.hi, other.owner
+      USING ERRCODE = '22023', HINT = 'two catalogs on one server must not share job uids; choose another range';
+  END IF;
   SELECT string_agg(name || ' (' || job_uid || ')', ', ' ORDER BY name) INTO outside
   FROM trnflow.projects WHERE job_uid NOT BETWEEN p_lo AND p_hi;
   IF outside IS NOT NULL AND NOT p_keep_outside THEN
     RAISE EXCEPTION 'projects of this catalog have job uids outside %-%: %', p_lo, p_hi, outside
       USING ERRCODE = '22023',
       HINT = 'choose a range that holds them, or renumber them first (trnflow project add NAME --job-uid N)';
-  END IF;
-  SELECT * INTO other FROM trnflow.job_uid_claims() c
-  WHERE NOT c.mine AND c.lo <= p_hi AND p_lo <= c.hi LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION 'job uid range %-% overlaps %-% of %', p_lo, p_hi, other.lo, other.hi, other.owner
-      USING ERRCODE = '22023', HINT = 'two catalogs on one server must not share job uids; choose another range';
   END IF;
   FOR old IN SELECT r.rolname FROM pg_roles r
              JOIN pg_shdescription d ON d.objoid = r.oid AND d.classoid = 'pg_authid'::regclass

@@ -610,6 +610,14 @@ TEST_F(SqlAttacks, TwoCatalogsOnOneServerShareNoProjectAndNoUid) {
                UserError);
   auto r = RunTrnflow("project add outside --job-uid " + std::to_string(lo(theirs) + 6));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  // Through `db migrate`: the other catalog's range is refused, this one's own is kept.
+  r = RunTrnflow("db migrate --job-uid-range " + theirs);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("overlaps"), std::string::npos) << r.err;
+  EXPECT_EQ(RunTrnflow("db migrate --job-uid-range 300-200").exit_code, 2);
+  r = RunTrnflow("db migrate --job-uid-range " + mine);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("job uids " + mine), std::string::npos) << r.out;
 }
 
 }  // namespace
