@@ -156,9 +156,9 @@ TEST_F(SqlAttacks, AValidCallGoesThrough) {
 TEST_F(SqlAttacks, StageNamesThatArePathsOrControlCharactersAreRefused) {
   pqxx::connection m(mallory_url_);
   std::string before = Written();
-  const std::vector<std::string> names = {"..",       ".",          "",
-                                          "a/b",      "../../checkpoints", "a\x01z",
-                                          "a\nb",     std::string(300, 'x'), "x[i=a/b]"};
+  const std::vector<std::string> names = {
+      "..",      ".", "", "a/b", "../../checkpoints", "a\x01z", "a\nb", std::string(300, 'x'),
+      "x[i=a/b]"};
   for (const std::string& name : names) {
     Call c = FromYaml(kOne, "atk");
     nlohmann::json s = Spec(c, 0);
@@ -335,7 +335,8 @@ TEST_F(SqlAttacks, ACompileThatRanOutOfHostMemoryPoisonsNoKey) {
   ASSERT_TRUE(WaitFor([&] { return state(mine) != "running"; }, 30));
   EXPECT_EQ(state(mine), "failed");
   EXPECT_NE(Query("SELECT coalesce(string_agg(state, ','), 'none') FROM trnflow.artifacts WHERE "
-                  "cache_key = '" + key + "'"),
+                  "cache_key = '" +
+                  key + "'"),
             "failed")
       << "a host's out-of-memory was remembered as the graph's failure";
   // The victim's compile of that graph, on a host that fits it, succeeds.
@@ -352,10 +353,10 @@ TEST_F(SqlAttacks, ACompileThatRanOutOfHostMemoryPoisonsNoKey) {
 }
 
 TEST_F(SqlAttacks, ConcurrentSubmitsCannotRaceTheQueuedStagesQuota) {
-  ASSERT_EQ(RunTrnflow("project add race --member " + Member("mallory") +
-                       " --max-queued-stages 100")
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      RunTrnflow("project add race --member " + Member("mallory") + " --max-queued-stages 100")
+          .exit_code,
+      0);
   std::string y = "pipeline: sweep\nstages:\n  s:\n    run: [\"true\"]\n    matrix: {i: [";
   for (int i = 0; i < 40; ++i) y += (i ? "," : "") + std::to_string(i);
   y += "]}\n";
@@ -474,8 +475,10 @@ TEST_F(SqlAttacks, AMalformedSpecDoesNotStallTheLeaseRescuer) {
   scheduler::Scheduler sched(testing::TestSchedulerOptions());
   sched.Start();
   auto attempt = [](int64_t run) {
-    return Query("SELECT coalesce(string_agg(a.outcome, ','), '') FROM trnflow.attempts a "
-                 "WHERE a.run_id = " + std::to_string(run));
+    return Query(
+        "SELECT coalesce(string_agg(a.outcome, ','), '') FROM trnflow.attempts a "
+        "WHERE a.run_id = " +
+        std::to_string(run));
   };
   // The dead worker's lease lapses after 1 s; the rescuer closes both attempts as lost.
   EXPECT_TRUE(WaitFor([&] { return attempt(other) == "lost" && attempt(mine) == "lost"; }, 20))
