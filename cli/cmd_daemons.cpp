@@ -1,4 +1,5 @@
 // trnflow db migrate / worker / scheduler / exec-stage.
+#include <regex>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -31,13 +32,25 @@ void WaitForSignal() {
 }
 }  // namespace
 
-int CmdDbMigrate() {
+int CmdDbMigrate(const std::string& job_uid_range) {
+  int64_t lo = 0, hi = 0;
+  if (!job_uid_range.empty()) {
+    std::smatch m;
+    static const std::regex kRange(R"(^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$)");
+    if (!std::regex_match(job_uid_range, m, kRange) || (lo = std::stoll(m[1])) < 1000 ||
+        (hi = std::stoll(m[2])) < lo || hi >= 4294967294LL)
+      throw UserError("--job-uid-range " + job_uid_range +
+                      ": expected START-END with 1000 <= START <= END < 4294967294, e.g. "
+                      "200000-299999");
+  }
   schema::Catalog catalog(AdminDatabaseUrl());
   auto report = catalog.Migrate(sim::Catalog::Builtin());
+  std::string range = job_uid_range.empty() ? catalog.JobUidRange() : catalog.SetJobUidRange(lo, hi);
   std::cout << "catalog " << RedactUrl(catalog.url()) << ": schema version " << report.from_version
             << " -> " << report.to_version;
   if (report.applied.empty()) std::cout << " (up to date)";
   for (const auto& m : report.applied) std::cout << "\n  applied " << m;
+  if (!range.empty()) std::cout << "\n  job uids " << range;
   std::cout << "\n";
   return kExitOk;
 }

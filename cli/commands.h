@@ -37,7 +37,8 @@ int CmdLogs(const std::string& run, const std::string& stage, bool follow,
 int CmdInstances(const std::string& format, bool sources);
 // The models a stage may name (sim/models.yaml) with their architecture figures.
 int CmdModels(const std::string& format);
-int CmdDbMigrate();
+// `job_uid_range`: "START-END" to set this catalog's job uid range, "" to keep it.
+int CmdDbMigrate(const std::string& job_uid_range);
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
 // Runs one simulated attempt described by DIR/context.json in this process, printing
 // ::progress and ::checkpoint lines, and writes DIR/result.json: what a Slurm job runs for a

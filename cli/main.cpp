@@ -420,6 +420,10 @@ int main(int argc, char** argv) {
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
+  std::string job_uid_range;
+  migrate->add_option("--job-uid-range", job_uid_range,
+                      "this catalog's job uids, START-END (default: the first block of 100,000 "
+                      "from 200000-299999 no other catalog on the server claims)");
 
   std::vector<std::string> worker_pools;
   std::string lease = "15s";
@@ -499,7 +503,7 @@ int main(int argc, char** argv) {
     if (logs->parsed()) return CmdLogs(logs_run, logs_stage, logs_follow, logs_format);
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (models->parsed()) return CmdModels(models_format);
-    if (migrate->parsed()) return CmdDbMigrate();
+    if (migrate->parsed()) return CmdDbMigrate(job_uid_range);
     if (spend->parsed()) return CmdSpend(spend_args);
     if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);

@@ -789,6 +789,15 @@ void Parser::ParseStages(const YamlNode& stages) {
         if (!v.IsScalar()) {
           diags_.Error(At(v), "matrix values must be single values");
           ok = false;
+        } else if (v.Scalar().find_first_of(std::string("/\x7f\0", 3)) != std::string::npos ||
+                   std::any_of(v.Scalar().begin(), v.Scalar().end(),
+                               [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+          // The value becomes part of the stage's name, which names its files on the workers.
+          diags_.Error(At(v), "matrix value '" + v.Scalar() + "' of key '" + key +
+                                  "' holds '/' or a control character",
+                       "a matrix value is part of the stage's name: use a plain word, and pass "
+                       "paths as params");
+          ok = false;
         } else if (!values.insert(v.Scalar()).second) {
           diags_.Error(At(v), "duplicate value '" + v.Scalar() + "' in matrix key '" + key + "'");
           ok = false;
@@ -818,6 +827,12 @@ void Parser::ParseStages(const YamlNode& stages) {
         ++k;
       }
       expanded += "]";
+      if (expanded.size() > 255) {
+        diags_.Error(At(matrix), "matrix of stage '" + name + "' makes the stage name '" +
+                                     expanded.substr(0, 80) + "...' longer than 255 bytes",
+                     "use shorter matrix keys and values");
+        break;
+      }
       expansions_[name].push_back(expanded);
       ParseStage(expanded, name_loc, node, &values);
       for (size_t d = axes.size(); d-- > 0;) {  // odometer, last key fastest

@@ -1,7 +1,8 @@
 #pragma once
 // Scheduler runs the leader-only maintenance services on one thread with one catalog
 // connection: each tick it takes or confirms leadership, then runs every service that is
-// due (promoter, rescuer, run finisher), each on its own interval with jitter. A failing
+// due (promoter, rescuer, run finisher), each on its own interval with jitter; a second thread
+// ends members' sessions that block the daemons (the lock guard). A failing
 // tick is logged and the loop carries on; a lost connection is re-opened with backoff (and
 // leadership re-contested). Start/Stop may be called from any one thread.
 #include <atomic>
@@ -30,6 +31,12 @@ struct SchedulerOptions {
   double finish_every_s = 2.0;
   double budget_every_s = 1.0;
   double cron_every_s = 5.0;
+  // The lock guard (its own thread and connection, so a blocked service cannot stall it): a
+  // member's session holding a lock that one of the daemons' sessions has waited on for longer
+  // than member_lock_limit_s is ended (Catalog::EndMemberBlockers). A member can SET its own
+  // timeouts to nothing; this limit is the daemons'. 0: off.
+  double member_lock_limit_s = 5.0;
+  double member_lock_every_s = 1.0;
   uint64_t seed = 0;  // jitter of intervals and of retry backoff
 };
 
@@ -43,10 +50,12 @@ class Scheduler {
 
  private:
   void Loop();
+  void GuardLocks();
   SchedulerOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> leader_{false};
   std::thread thread_;
+  std::thread guard_thread_;
 };
 
 }  // namespace trnflow::scheduler

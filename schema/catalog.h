@@ -47,6 +47,9 @@ struct ClaimedStage {
   int errors = 0;
   int preemptions = 0;
   StageSpec spec;
+  // Not empty: the stored spec could not be read (why); `spec` is a default one named after
+  // the stage's id, and the worker fails the attempt as a user error without running it.
+  std::string spec_error;
   Money price_per_hour;  // price snapshot of this attempt
   double speed = 1;
   int64_t seed = 0;
@@ -255,6 +258,7 @@ struct ExpiredLease {
   int errors = 0;
   int preemptions = 0;
   StageSpec spec;
+  std::string spec_error;  // as ClaimedStage's
   Market market = Market::kOnDemand;
   double progress = 0;       // the stage's resume point: the attempt's last checkpoint
   double progress_from = 0;  // where the attempt started
@@ -520,8 +524,13 @@ class Catalog {
   // Gives `role` read (or read and write) access to `project`; returns the group role granted.
   // Schema owner only. Throws UserError for an unknown or privileged role.
   std::string GrantProject(const std::string& project, const std::string& role, bool write);
+  // Sets this catalog's job uid range [lo, hi] (schema owner only): refused (UserError) when it
+  // overlaps another catalog's on the server or leaves out a project's uid. JobUidRange():
+  // "LO-HI", "" before migration 0023.
+  std::string SetJobUidRange(int64_t lo, int64_t hi);
+  std::string JobUidRange();
   // Sets the project's quotas and the uid its jobs run as; unset ones keep their value. Throws
-  // UserError when the uid is another project's.
+  // UserError when the uid is another project's or outside the catalog's job uid range.
   void SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
                         std::optional<int> max_queued_stages, std::optional<int64_t> job_uid);
   std::vector<ProjectRow> ListProjects();
@@ -601,6 +610,11 @@ class Catalog {
   int64_t PruneChanges(double max_age_s);
   // Every /metrics sample, from the ledger and the live tables (schema/queries/serve.sql).
   std::vector<MetricRow> Metrics();
+
+  // Ends the sessions of members holding a lock one of the daemons' sessions has waited on for
+  // longer than `after_s` (the scheduler's lock guard; migration 0023). Returns one line per
+  // session ended: "pid=N member=ROLE waited=S".
+  std::vector<std::string> EndMemberBlockers(double after_s);
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);

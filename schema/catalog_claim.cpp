@@ -148,7 +148,14 @@ std::vector<ClaimedStage> ReadClaims(const pqxx::result& r) {
     c.progress = row[5].as<double>();
     c.errors = row[6].as<int>();
     c.preemptions = row[7].as<int>();
-    c.spec = StageSpecFromJson(row[8].as<std::string>());
+    // A spec the catalog should never hold (written around submit_run's checks) fails its own
+    // stage when the worker runs it; it must not abort the claim of every other stage.
+    try {
+      c.spec = StageSpecFromJson(row[8].as<std::string>());
+    } catch (const std::exception& e) {
+      c.spec_error = e.what();
+      c.spec.name = "stage-" + std::to_string(c.stage_id);
+    }
     c.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
     c.speed = row[10].as<double>();
     c.seed = row[11].as<int64_t>();
@@ -344,7 +351,12 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
       e.lease_owner = row[3].as<std::string>();
       e.errors = row[4].as<int>();
       e.preemptions = row[5].as<int>();
-      e.spec = StageSpecFromJson(row[6].as<std::string>());
+      try {
+        e.spec = StageSpecFromJson(row[6].as<std::string>());
+      } catch (const std::exception& ex) {
+        e.spec_error = ex.what();  // rescued with the default policy; its next claim fails it
+        e.spec.name = "stage-" + std::to_string(e.stage_id);
+      }
       e.progress = row[7].as<double>();
       e.instance_count = row[8].as<int>();
       e.price_per_hour = Money::FromMicros(row[9].as<int64_t>());
@@ -358,6 +370,18 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
     auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);
     tx.commit();
     return static_cast<int>(applied.size());
+  });
+}
+
+std::vector<std::string> Catalog::EndMemberBlockers(double after_s) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "EndMemberBlockers", after_s))
+      out.push_back("pid=" + row[0].as<std::string>() + " member=" + row[1].as<std::string>() +
+                    " waited=" + row[2].as<std::string>());
+    tx.commit();
+    return out;
   });
 }
 

@@ -50,6 +50,22 @@ void Catalog::SetProjectQuotas(const std::string& project, std::optional<int> ma
   });
 }
 
+std::string Catalog::SetJobUidRange(int64_t lo, int64_t hi) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    auto range = impl_->Exec(tx, "SetJobUidRange", lo, hi)[0][0].as<std::string>();
+    tx.commit();
+    return range;
+  });
+}
+
+std::string Catalog::JobUidRange() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    return impl_->Exec(tx, "JobUidRange")[0][0].as<std::string>();
+  });
+}
+
 std::vector<ProjectRow> Catalog::ListProjects() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -162,6 +162,19 @@ TEST(Parser, ControlCharactersInACommandAreAnErrorNotACrash) {
   EXPECT_NE(OnlyError(r).find("control character"), std::string::npos) << r.diagnostics.Format();
 }
 
+// A matrix value is part of its stage's name, which names files on the workers and must pass
+// submit_run's check (migration 0023): no '/', no control character, at most 255 bytes.
+TEST(Parser, MatrixValuesThatWouldMakeAPathAreErrors) {
+  auto r = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
+                 "    matrix: {d: [\"ok\", \"../../etc\"]}\n");
+  EXPECT_NE(OnlyError(r).find("holds '/' or a control character"), std::string::npos)
+      << r.diagnostics.Format();
+  r = Parse("pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
+            "    matrix: {d: [\"" + std::string(300, 'v') + "\"]}\n");
+  EXPECT_NE(OnlyError(r).find("longer than 255 bytes"), std::string::npos)
+      << r.diagnostics.Format();
+}
+
 TEST(Parser, CountsTakeSizeSuffixes) {
   auto r = Parse(kSmall, {{{"tokens", "1.5T"}}, ""});
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();

@@ -1,5 +1,6 @@
 #include "workers/worker.h"
 
+#include <stdexcept>
 #include <sys/stat.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -25,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
+#include "sim/feasibility.h"
 #include "sim/perf_model.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
@@ -53,6 +55,11 @@ std::string NewUuid() {
 }
 
 // FNV-1a: a stable hash, so the same run seed gives the same draws on every build.
+// A claimed stage whose stored spec cannot be read: it fails as a user error, never retried.
+struct MalformedSpec : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ULL) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
@@ -568,6 +575,7 @@ struct Worker::Impl {
     };
     ExecResult er;
     try {
+      if (!c.spec_error.empty()) throw MalformedSpec(c.spec_error);
       std::vector<std::string> missing =
           ResolveSecrets(opt.secrets_dir, c.project, c.spec.command.secrets, &ctx.secrets);
       if (!missing.empty()) {
@@ -589,6 +597,11 @@ struct Worker::Impl {
         er = RunCachedStage(ctx, c);
       else
         er = RunStage(ctx);
+    } catch (const MalformedSpec& e) {
+      er.outcome = Outcome::kUserError;
+      er.ran_instance = false;
+      er.message = std::string("the stage's stored spec cannot be run (") + e.what() +
+                   "); resubmit the pipeline with `trnflow submit`";
     } catch (const std::exception& e) {
       er.outcome = Outcome::kInfraError;
       er.message = std::string("executor failed: ") + e.what();
@@ -767,7 +780,20 @@ struct Worker::Impl {
     w.key = c.spec.cache_key;
     w.inputs = c.spec.cache_inputs;
     w.what = "compiled graph";
+    // A failure is remembered for the key only when the graph itself fails (an operator, a
+    // shape): the key does not hold the host, so a compile run out of memory on a small host
+    // would otherwise fail that graph for everyone (another project could poison it on
+    // purpose).
     w.poison_failures = true;
+    if (const auto* host = sim::Catalog::Builtin().FindInstance(c.spec.instance)) {
+      try {
+        sim::CompileOutcome o = sim::PredictCompile(
+            sim::Catalog::Builtin(), sim::WorkloadFromJson(c.spec.workload_json), *host);
+        if (!o.ok && o.code == "HOST_OOM") w.poison_failures = false;
+      } catch (const std::exception&) {
+        w.poison_failures = false;  // a workload it cannot read says nothing of the graph
+      }
+    }
     w.build = [&] {
       ExecResult er = Simulated().Run(ctx);
       StoredArtifact a;

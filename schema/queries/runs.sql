@@ -204,6 +204,13 @@ SET max_stages_per_run = coalesce($2, max_stages_per_run),
     job_uid = coalesce($4, job_uid)
 WHERE name = $1;
 
+-- name: SetJobUidRange
+-- This catalog's job uid range, claimed on the server (migration 0023).
+SELECT trnflow.set_job_uid_range($1, $2);
+
+-- name: JobUidRange
+SELECT coalesce((SELECT value FROM trnflow.settings WHERE key = 'job_uid_range'), '');
+
 -- name: ListProjects
 SELECT p.name, trnflow.project_role(p.name),
        coalesce((SELECT string_agg(m.rolname, ',' ORDER BY m.rolname)

@@ -261,3 +261,7 @@ FOR UPDATE OF s SKIP LOCKED;
 -- The executor's job id of a running attempt, only while this worker holds its lease.
 UPDATE trnflow.stages s SET attempt_executor_job = $3
 WHERE s.id = $1 AND s.state = 'running' AND s.attempts = $2 AND s.lease_owner = $4::uuid
+
+-- name: EndMemberBlockers
+-- Members' sessions a daemon has waited on for longer than $1 seconds, ended (migration 0023).
+SELECT pid, member, waited_s FROM trnflow.end_member_blockers($1);
