@@ -108,8 +108,10 @@ LANGUAGE sql STABLE AS $$
           OR jsonb_path_exists(spec->'command'->'secrets', 'strict $[*] ? (@.type() != "string")')))
       OR (spec->'command' ? 'outputs' AND jsonb_typeof(spec->'command'->'outputs') <> 'null'
           AND (jsonb_typeof(spec->'command'->'outputs') <> 'array'
-               OR jsonb_path_exists(spec->'command'->'outputs', 'strict $[*] ? (@.type() != "string")'))))
-      THEN 'its command is malformed (argv, env, secrets and outputs hold strings)'
+               OR jsonb_path_exists(spec->'command'->'outputs', 'strict $[*] ? (@.type() != "string")')))
+      OR (spec->'command' ? 'network' AND (jsonb_typeof(spec->'command'->'network') <> 'string'
+          OR spec->'command'->>'network' NOT IN ('none', 'host'))))
+      THEN 'its command is malformed (argv, env, secrets and outputs hold strings; network is none or host)'
     WHEN kind = 'run' AND coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(spec->'command'->'argv') = 'array'
                                                           THEN spec->'command'->'argv' END), 0) = 0
       THEN 'a run stage needs a command'
