@@ -46,9 +46,9 @@ int main(int argc, char** argv) {
     bool switch_user, namespaces;
     std::vector<double> ms, spawn_ms;
   };
-  std::vector<Way> ways = {{"unconfined (--no-sandbox)", false, false, {}},
-                           {"uid switch only", true, false, {}},
-                           {"uid switch + namespaces (bwrap)", true, true, {}}};
+  std::vector<Way> ways = {{"unconfined (--no-sandbox)", false, false, {}, {}},
+                           {"uid switch only", true, false, {}, {}},
+                           {"uid switch + namespaces (bwrap)", true, true, {}, {}}};
   std::string bwrap = FindBwrap();
   if (bwrap.empty()) {
     std::fprintf(stderr, "bwrap is not installed (apt-get install bubblewrap)\n");
