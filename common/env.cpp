@@ -19,11 +19,12 @@ std::string UrlFromFile(const std::string& path) {
   return line;
 }
 
+}  // namespace
+
 std::string ConfigDir() {
   const char* dir = std::getenv("TRNFLOW_CONFIG_DIR");
   return dir && *dir ? dir : "/etc/trnflow";
 }
-}  // namespace
 
 std::string DatabaseUrl() {
   const char* url = std::getenv("TRNFLOW_DATABASE_URL");
