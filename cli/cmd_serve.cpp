@@ -297,6 +297,13 @@ int CmdServe(const ServeArgs& a) {
   o.metrics = ExtraMetrics;
   InstallSignalHandlers();
   serve::Serve(o, g_interrupted, [&](int port) {
+    if (!o.unix_path.empty()) {
+      std::cout << "trnflow serve: listening on unix:" << o.unix_path
+                << " (auth local: this user and root; Ctrl-C stops)\n"
+                << "trnflow serve: from a laptop, `ssh -L 8080:" << o.unix_path
+                << " HOST` and open http://localhost:8080/" << std::endl;
+      return;
+    }
     std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
     std::string url = "http://" + host + ":" + std::to_string(port) + "/";
     std::cout << "trnflow serve: listening on " << url << " (auth " << a.auth

@@ -444,7 +444,8 @@ int main(int argc, char** argv) {
   auto* serve_cmd = app.add_subcommand(
       "serve", "the web dashboard, its JSON API, live events and Prometheus /metrics (a daemon)");
   serve_cmd->add_option("--listen", serve_args.listen,
-                        "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one)");
+                        "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one), "
+                        "or unix:PATH (--auth local: a socket only this user and root reach)");
   serve_cmd->add_option("--auth", serve_args.auth,
                         "local (default: the operator, with the token in --token-file; loopback "
                         "only) or proxy (a reverse proxy adds the secret in --proxy-secret-file "

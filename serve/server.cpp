@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -446,6 +447,12 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
   bool admitted() const { return admitted_; }
   const std::string& address() const { return address_; }
+  // A Unix socket's peer that is this process's user or root: the file system let it in.
+  bool trusted_peer() const { return trusted_peer_; }
+  void TrustPeer() {
+    trusted_peer_ = true;
+    Authenticated();
+  }
   void Authenticated() {
     if (admitted_ && pending_) caps_.Remove(address_);
     pending_ = false;
@@ -456,7 +463,20 @@ class Connection {
   std::string address_;
   bool admitted_ = false;
   bool pending_ = true;
+  bool trusted_peer_ = false;
 };
+
+// The uid of a Unix socket's peer, or -1 (not a Unix socket, or unknown).
+int64_t PeerUid(int sock) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (getsockname(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.ss_family != AF_UNIX)
+    return -1;
+  ucred cred{};
+  socklen_t n = sizeof cred;
+  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &n) != 0) return -1;
+  return cred.uid;
+}
 
 // The connection this thread is serving (handlers run on it), or null.
 thread_local Connection* tls_connection = nullptr;
@@ -472,10 +492,15 @@ class GuardedServer final : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override {
     bool ret = false;
     {
-      Connection conn(caps_, SocketAddress(sock, true));
-      if (!conn.admitted()) {
+      int64_t uid = PeerUid(sock);
+      Connection conn(caps_, uid >= 0 ? "uid " + std::to_string(uid) : SocketAddress(sock, true));
+      if (uid >= 0 && uid != 0 && uid != static_cast<int64_t>(::geteuid())) {
+        // A Unix socket someone loosened the mode of: still only its user and root.
+        Logger("serve")->warn("refused a connection from uid {} on the Unix socket", uid);
+      } else if (!conn.admitted()) {
         RefuseBusy(sock, conn.address());
       } else {
+        if (uid >= 0) conn.TrustPeer();
         tls_connection = &conn;
         ret = Serve(sock);
         tls_connection = nullptr;
@@ -598,14 +623,20 @@ class Dashboard {
 
   void Run(const std::atomic<bool>& stop, const std::function<void(int)>& on_listening) {
     auto log = Logger("serve");
-    if (o_.auth == Auth::kLocal && !IsLoopback(o_.host))
+    bool unix_socket = !o_.unix_path.empty();
+    if (unix_socket && o_.auth != Auth::kLocal)
+      throw UserError("--listen unix:PATH is for --auth local (the proxy reaches the dashboard "
+                      "over TCP on loopback, with its secret)");
+    if (o_.auth == Auth::kLocal && !unix_socket && !IsLoopback(o_.host))
       throw UserError("--auth local serves everything the daemons' login sees to whoever "
                       "connects; it listens on loopback addresses only (not " + o_.host +
                       "). Put a reverse proxy in front and use --auth proxy (docs/serve.md)");
     secret_ = o_.auth == Auth::kLocal
                   ? LoadOrCreateSecret(o_.token_file, "--token-file")
                   : LoadOrCreateSecret(o_.proxy_secret_file, "--proxy-secret-file");
-    allowed_hosts_ = AllowedHosts(o_.host, o_.allowed_hosts);
+    // Through a Unix socket (ssh -L PORT:PATH, curl --unix-socket) browsers name localhost.
+    allowed_hosts_ = AllowedHosts(unix_socket ? "127.0.0.1" : o_.host, o_.allowed_hosts);
+    if (unix_socket) allowed_hosts_.push_back("[::1]");
     hub_.Start();  // throws CatalogUnavailable: the catalog is reached before listening
     GuardedServer svr(o_.header_timeout_s, o_.max_pending_per_client);
     // Nothing here takes a body: a cancel, resume or retry is a POST with an empty one.
@@ -628,13 +659,20 @@ class Dashboard {
       return Gate(req, res);
     });
     Routes(svr);
-    int port = o_.port == 0 ? svr.bind_to_any_port(o_.host) : o_.port;
-    if (o_.port != 0 && !svr.bind_to_port(o_.host, o_.port)) port = -1;
+    // httplib 0.11 binds TCP only: on a Unix socket it binds a loopback port it never listens
+    // on, whose descriptor then becomes the Unix socket (dup2), which its accept loop serves.
+    std::string bind_host = unix_socket ? "127.0.0.1" : o_.host;
+    int port = o_.port == 0 || unix_socket ? svr.bind_to_any_port(bind_host) : o_.port;
+    if (o_.port != 0 && !unix_socket && !svr.bind_to_port(o_.host, o_.port)) port = -1;
+    if (unix_socket && port > 0 && listening >= 0) {
+      ListenOnUnixSocket(o_.unix_path, listening);
+      port = 0;
+    }
     // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian built
     // it): fifty browsers connecting at once overflow it, and a dropped connection attempt is
     // retried only after a second. Listening again on the socket raises the backlog.
-    if (port > 0 && listening >= 0) ::listen(listening, 1024);
-    if (port <= 0) {
+    if (port >= 0 && listening >= 0) ::listen(listening, 1024);
+    if (port < 0 || (port == 0 && !unix_socket)) {
       hub_.Stop();
       throw UserError("cannot listen on " + o_.host + ":" + std::to_string(o_.port) +
                       " (in use, or not an address of this host); choose another with --listen");
@@ -642,13 +680,53 @@ class Dashboard {
     // Two dashboards on one host share the browser's cookies for it (cookies ignore ports).
     cookie_name_ = "trnflow_token_" + std::to_string(port);
     std::thread server([&] { svr.listen_after_bind(); });
-    log->info("listening on http://{}:{} auth={}", o_.host, port,
-              o_.auth == Auth::kLocal ? "local" : "proxy");
+    if (unix_socket)
+      log->info("listening on unix:{} auth=local", o_.unix_path);
+    else
+      log->info("listening on http://{}:{} auth={}", o_.host, port,
+                o_.auth == Auth::kLocal ? "local" : "proxy");
     on_listening(port);
     while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     hub_.Stop();  // wakes every event stream, which then ends
     svr.stop();
     server.join();
+    if (unix_socket) ::unlink(o_.unix_path.c_str());
+  }
+
+  // Makes `fd` (httplib's listening descriptor) a Unix socket listening at `path`, mode 0600;
+  // its directory is made 0700 when missing. A socket left at `path` by an earlier run is
+  // replaced; any other file there is refused.
+  static void ListenOnUnixSocket(const std::string& path, int fd) {
+    auto fail = [&](const std::string& why) {
+      return UserError("--listen unix:" + path + ": " + why);
+    };
+    sockaddr_un a{};
+    if (path.empty() || path[0] != '/' || path.size() >= sizeof a.sun_path)
+      throw fail("an absolute path of at most " + std::to_string(sizeof a.sun_path - 1) +
+                 " bytes");
+    std::string dir = path.substr(0, path.rfind('/'));
+    struct stat st {};
+    if (!dir.empty() && ::stat(dir.c_str(), &st) != 0) {
+      if (::mkdir(dir.c_str(), 0700) != 0)
+        throw fail("cannot make " + dir + " (" + std::strerror(errno) + ")");
+    }
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) throw fail("a file that is not a socket is there");
+      ::unlink(path.c_str());
+    }
+    int u = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (u < 0) throw fail(std::strerror(errno));
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.data(), path.size());
+    mode_t old = ::umask(0177);  // the socket is made 0600: connecting needs write permission
+    int rc = ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    int bind_errno = errno;
+    ::umask(old);
+    if (rc != 0 || ::listen(u, 1024) != 0 || ::dup2(u, fd) < 0) {
+      ::close(u);
+      throw fail(std::string("cannot listen (") + std::strerror(rc != 0 ? bind_errno : errno) + ")");
+    }
+    ::close(u);
   }
 
  private:
@@ -681,6 +759,7 @@ class Dashboard {
       if (tls_connection) tls_connection->Authenticated();
       return R::Unhandled;
     }
+    if (tls_connection && tls_connection->trusted_peer()) return R::Unhandled;
     std::string cookie = CookieValue(req.get_header_value("Cookie"), cookie_name_);
     std::string query = req.get_param_value("token");
     bool ok = false;
@@ -1151,6 +1230,16 @@ std::string LoadOrCreateSecret(const std::string& path, const std::string& what)
 }
 
 void ParseListen(const std::string& text, Options& o) {
+  if (text.rfind("unix:", 0) == 0) {
+    std::string path = text.substr(5);
+    if (path.empty() || path[0] != '/' || path.size() > 100)
+      throw UserError("--listen " + text + ": expected unix:/absolute/path (at most 100 bytes)");
+    o.unix_path = path;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    return;
+  }
+  o.unix_path.clear();
   static const std::regex re(R"(^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):([0-9]{1,5})$)");
   std::smatch m;
   if (!std::regex_match(text, m, re) || std::stoi(m[2]) > 65535)

@@ -46,6 +46,10 @@ enum class Auth {
 struct Options {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (printed when listening)
+  // --listen unix:PATH (--auth local only): a Unix socket instead of host and port, mode 0600
+  // in a directory made 0700 when missing; a peer must be this process's user or root
+  // (SO_PEERCRED), and then needs no token: the file system decides who connects.
+  std::string unix_path;
   Auth auth = Auth::kLocal;
   std::string user_header = "X-Forwarded-User";
   // --auth local: the token every request must present (Authorization: Bearer, the cookie
@@ -79,8 +83,8 @@ struct Options {
   std::function<std::vector<schema::MetricRow>(schema::Catalog& catalog)> metrics;
 };
 
-// Parses "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080" for all addresses); throws
-// UserError.
+// Parses "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080" for all addresses) or
+// "unix:/absolute/path"; throws UserError.
 void ParseListen(const std::string& text, Options& options);
 // Whether `host` is a loopback address: an IPv4 address in 127.0.0.0/8, ::1 (bracketed or
 // not), or the name localhost; nothing else (127.attacker.example is a name, not an address).
@@ -98,8 +102,8 @@ std::vector<std::string> AllowedHosts(const std::string& listen_host,
 // but its owner may write it (mode & 0027), or it holds fewer than 16 characters.
 std::string LoadOrCreateSecret(const std::string& path, const std::string& what);
 
-// Serves until `stop` becomes true. `on_listening` is called with the bound port once the
-// socket listens. Throws UserError when it cannot bind (address in use, --auth local on a
+// Serves until `stop` becomes true. `on_listening` is called with the bound port (0 on a Unix
+// socket) once the socket listens. Throws UserError when it cannot bind (address in use, --auth local on a
 // non-loopback address) and CatalogUnavailable when the catalog cannot be reached at start.
 void Serve(const Options& options, const std::atomic<bool>& stop,
            const std::function<void(int port)>& on_listening);

@@ -1654,6 +1654,48 @@ TEST_F(Serve, SlowClientsAreDroppedAndCappedWhileOthersAreServed) {
   }, 15)) << "the refusals are logged";
 }
 
+// --listen unix:PATH: the file system decides who connects (the socket 0600, its directory
+// 0700), and the dashboard checks the peer's uid too (SO_PEERCRED): its own user or root.
+TEST_F(Serve, AUnixSocketLetsInOnlyItsUserAndRoot) {
+  std::string dir = fs::temp_directory_path() / ("trnflow-serve-sock-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  std::string path = dir + "/serve.sock";
+  Daemon d("serve-unix", {"serve", "--listen", "unix:" + path, "--token-file", SecretDir() + "/unix.token"},
+           {"TRNFLOW_HOME=" + testing::CliHome()});
+  d.Start();
+  ASSERT_TRUE(WaitFor([&] { return ReadFile(d.log_path()).find("listening on unix:") != std::string::npos; },
+                      30))
+      << ReadFile(d.log_path());
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  auto curl = [&](const std::string& extra) {
+    return "curl -s -o /dev/null -w '%{http_code}' --unix-socket " + path + " " + extra +
+           " http://localhost/api/runs";
+  };
+  // Its user (root here) needs no token.
+  EXPECT_EQ(Sh(curl("")).out, "200");
+  EXPECT_EQ(Sh(curl("-H 'Host: 127.attacker.example'")).out, "403") << "Host is still checked";
+  // Another user cannot connect...
+  EXPECT_EQ(Sh(AsNobody(curl(""))).out, "000");
+  // ... and, were the modes loosened by mistake, is turned away by its uid.
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(path, fs::perms::all);
+  EXPECT_EQ(Sh(AsNobody(curl(""))).out, "000");
+  EXPECT_EQ(Sh(curl("")).out, "200");
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(d.log_path()).find("uid 65534") != std::string::npos; }, 10));
+  // A proxy reaches the dashboard over TCP, with its secret.
+  auto r = RunTrnflow("serve --auth proxy --listen unix:" + dir + "/p.sock --proxy-secret-file " +
+                      SecretDir() + "/unix.proxy-secret");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  d.Kill(SIGTERM);
+  EXPECT_FALSE(fs::exists(path)) << "a stopped dashboard removes its socket";
+  fs::remove_all(dir);
+}
+
 TEST_F(Serve, ASecretFileOthersMayReadIsRefused) {
   std::string file = SecretDir() + "/loose.token";
   std::ofstream(file) << std::string(64, 'a') << "\n";
@@ -1702,7 +1744,11 @@ TEST(ServeOptions, ListenAddressesAndLoopback) {
   EXPECT_FALSE(serve::IsLoopback(o.host));
   EXPECT_TRUE(serve::IsLoopback("127.0.0.2"));
   EXPECT_TRUE(serve::IsLoopback("localhost"));
-  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:"})
+  serve::ParseListen("unix:/run/trnflow/serve.sock", o);
+  EXPECT_EQ(o.unix_path, "/run/trnflow/serve.sock");
+  serve::ParseListen("127.0.0.1:8080", o);
+  EXPECT_EQ(o.unix_path, "");
+  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:", "unix:", "unix:relative.sock"})
     EXPECT_THROW(serve::ParseListen(bad, o), UserError) << bad;
   // And the command refuses to serve everything to the network without a login.
   auto r = RunTrnflow("serve --listen 0.0.0.0:0");
