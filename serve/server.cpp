@@ -13,10 +13,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
-
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
