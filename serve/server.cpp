@@ -363,6 +363,8 @@ class DeadlineStream final : public httplib::Stream {
   bool is_writable() const override { return PollFor(sock_, POLLOUT, write_timeout_ms_); }
 
   ssize_t read(char* ptr, size_t size) override {
+    // Past the deadline nothing more is read, however fast it comes (endless header lines).
+    if (deadline_ != Clock::time_point::max() && Clock::now() >= deadline_) return -1;
     if (!Buffered()) {
       if (!PollFor(sock_, POLLIN, ReadWaitMs())) return -1;
       ssize_t n;
@@ -518,10 +520,14 @@ class GuardedServer final : public httplib::Server {
     for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
       if (!strm.Buffered() && !WaitForRequest(sock)) break;
       strm.StartRequest(Clock::now() + header_timeout_);
-      bool closed = false;
-      ret = process_request(strm, count == 1, closed,
-                            [&strm](httplib::Request&) { strm.HeadersDone(); });
-      if (!ret || closed) break;
+      bool closed = false, headers_done = false;
+      ret = process_request(strm, count == 1, closed, [&](httplib::Request&) {
+        strm.HeadersDone();
+        headers_done = true;
+      });
+      // A request whose headers never came whole (answered 400) ends the connection: what
+      // follows in it is not a request.
+      if (!ret || closed || !headers_done) break;
     }
     return ret;
   }
@@ -1190,6 +1196,7 @@ std::string LoadOrCreateSecret(const std::string& path, const std::string& what)
   if (fd < 0 && errno == ENOENT) {
     std::string secret = schema::RandomSecret() + schema::RandomSecret();
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) return LoadOrCreateSecret(path, what);  // made meanwhile
     if (fd < 0)
       throw fail(std::string("cannot create it (") + std::strerror(errno) +
                  "); give a file this user may write with " + what);

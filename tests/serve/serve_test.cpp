@@ -1614,6 +1614,20 @@ TEST_F(Serve, SlowClientsAreDroppedAndCappedWhileOthersAreServed) {
   if (closed) {
     EXPECT_TRUE(closed->empty() || closed->rfind("HTTP/1.1 400", 0) == 0) << *closed;
   }
+  // Another sends header lines as fast as it likes, for ever: dropped at 2 s as well.
+  int endless = Connect(port, "127.0.0.2");
+  ASSERT_GE(endless, 0);
+  send(endless, start.data(), start.size(), MSG_NOSIGNAL);
+  std::optional<std::string> ended;
+  int lines = 0;
+  for (; lines < 2000 && !ended; ++lines) {
+    std::string line = "x\r\nX-More-" + std::to_string(lines) + ": ";
+    send(endless, line.data(), line.size(), MSG_NOSIGNAL);
+    ended = ClosedWith(endless, 10);
+  }
+  close(endless);
+  EXPECT_TRUE(ended) << "still open after " << lines << " header lines, 20 s";
+  EXPECT_LE(lines, 1000) << "dropped after the 2 s header timeout (10 ms a line at least)";
   // Slowloris: 60 connections from one address, each trickling (more than there are threads).
   // That address holds 4 of them; the rest are refused (429) and closed at once, and another
   // client is served all along.
