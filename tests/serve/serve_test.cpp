@@ -680,12 +680,21 @@ TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
   std::string dir = fs::temp_directory_path() / ("trnflow-prom-" + std::to_string(getpid()));
   fs::create_directories(dir + "/data");
   int prom_port = FreePort();
-  std::ofstream(dir + "/prometheus.yml")
-      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - "
-      << TRNFLOW_SOURCE_DIR << "/ops/prometheus/alerts.yml\nscrape_configs:\n"
-      << "  - job_name: trnflow\n    authorization:\n      type: Bearer\n      credentials_file: "
-      << Credentials()[port_].file << "\n    static_configs:\n      - targets: ['127.0.0.1:"
-      << port_ << "']\n";
+  // The shipped configuration, pointed at this dashboard and its token file (it sends the
+  // dashboard's secret as a bearer token from a file), scraping every second.
+  std::string yml = ReadFile(TRNFLOW_SOURCE_DIR "/ops/prometheus/prometheus.yml");
+  auto replace = [&](const std::string& from, const std::string& to) {
+    size_t at = yml.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in ops/prometheus/prometheus.yml";
+    yml.replace(at, from.size(), to);
+  };
+  replace("scrape_interval: 30s", "scrape_interval: 1s\n  evaluation_interval: 1s");
+  replace("- alerts.yml", "- " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
+  replace("/etc/prometheus/trnflow-serve.secret", Credentials()[port_].file);
+  replace("127.0.0.1:8080", "127.0.0.1:" + std::to_string(port_));
+  std::ofstream(dir + "/prometheus.yml") << yml;
+  Shell check = Sh("promtool check config " + dir + "/prometheus.yml");
+  EXPECT_EQ(check.code, 0) << check.out;
   pid_t pid = fork();
   if (pid == 0) {
     std::string log = dir + "/prometheus.log";
