@@ -55,7 +55,11 @@ int FreePort() {
   return port;
 }
 
-// `trnflow serve` on `port`, acting on the catalog at `url`.
+// The token `trnflow serve` makes for this run (it is removed at the end).
+std::string TokenFile() { return "/tmp/trnflow-serve-bench-" + std::to_string(getpid()) + ".token"; }
+
+// `trnflow serve` on `port`, acting on the catalog at `url`. Every page connects from
+// 127.0.0.1 at once: the cap on unauthenticated connections per address is raised to match.
 pid_t StartServe(const std::string& url, int port, int max_clients, const std::string& home) {
   std::vector<std::string> env = {"TRNFLOW_DATABASE_URL=" + url, "TRNFLOW_HOME=" + home};
   for (char** e = environ; *e; ++e)
@@ -63,7 +67,8 @@ pid_t StartServe(const std::string& url, int port, int max_clients, const std::s
       env.push_back(*e);
   std::vector<std::string> args = {TRNFLOW_BINARY, "serve", "--listen",
                                    "127.0.0.1:" + std::to_string(port), "--max-clients",
-                                   std::to_string(max_clients)};
+                                   std::to_string(max_clients), "--token-file", TokenFile(),
+                                   "--max-pending-per-client", std::to_string(2 * max_clients + 16)};
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -150,6 +155,8 @@ int main(int argc, char** argv) {
       kill(serve, SIGTERM);
       return 1;
     }
+    std::string token;
+    std::getline(std::ifstream(TokenFile()), token);
     // STREAMS event streams, each counting the changes it receives, until told to stop.
     std::atomic<bool> stop{false};
     std::vector<std::thread> readers;
@@ -160,6 +167,7 @@ int main(int argc, char** argv) {
         // The page's reading of the run, as app.js makes it (throttle(load, 500)).
         httplib::Client page_client("127.0.0.1", port);
         page_client.set_read_timeout(60, 0);
+        page_client.set_bearer_token_auth(token.c_str());
         auto next_read = Clock::now();
         bool opened = false;
         auto read_run = [&] {
@@ -189,6 +197,7 @@ int main(int argc, char** argv) {
         while (!stop) {
           httplib::Client c("127.0.0.1", port);
           c.set_read_timeout(30, 0);
+          c.set_bearer_token_auth(token.c_str());
           httplib::Headers h;
           if (!last.empty()) h.emplace("Last-Event-ID", last);
           std::string buffer;
@@ -246,6 +255,7 @@ int main(int argc, char** argv) {
     // While it runs: the run's page and its JSON, one after the other, as fast as they come.
     httplib::Client client("127.0.0.1", port);
     client.set_read_timeout(60, 0);
+    client.set_bearer_token_auth(token.c_str());
     auto timed = [&](const std::string& path, Latencies& l) {
       auto t0 = Clock::now();
       auto r = client.Get(path.c_str());
@@ -277,6 +287,7 @@ int main(int argc, char** argv) {
     kill(serve, SIGTERM);  // ends the streams; the readers see their connections close
     for (auto& t : readers) t.join();
     waitpid(serve, nullptr, 0);
+    std::remove(TokenFile().c_str());
     procs.Stop();
   }
   if (flags.Int("keep", 0)) std::fprintf(stderr, "serve_bench: kept %s\n", url.c_str());

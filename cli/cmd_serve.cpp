@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iostream>
 
+#include <unistd.h>
+
 #include "cli/commands.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -219,6 +221,12 @@ int CmdServe(const ServeArgs& a) {
   serve::ParseListen(a.listen, o);
   o.auth = a.auth == "proxy" ? serve::Auth::kProxy : serve::Auth::kLocal;
   o.user_header = a.user_header;
+  o.token_file = a.token_file.empty() ? ConfigDir() + "/serve.token" : a.token_file;
+  o.proxy_secret_file =
+      a.proxy_secret_file.empty() ? ConfigDir() + "/serve-proxy.secret" : a.proxy_secret_file;
+  o.allowed_hosts = a.allowed_hosts;
+  o.header_timeout_s = a.header_timeout_s;
+  o.max_pending_per_client = a.max_pending_per_client;
   o.max_clients = a.max_clients;
   o.heartbeat_s = a.heartbeat_s;
   o.stream_lifetime_s = a.stream_lifetime_s;
@@ -289,9 +297,31 @@ int CmdServe(const ServeArgs& a) {
   o.metrics = ExtraMetrics;
   InstallSignalHandlers();
   serve::Serve(o, g_interrupted, [&](int port) {
+    if (!o.unix_path.empty()) {
+      std::cout << "trnflow serve: listening on unix:" << o.unix_path
+                << " (auth local: this user and root; Ctrl-C stops)\n"
+                << "trnflow serve: from a laptop, `ssh -L 8080:" << o.unix_path
+                << " HOST` and open http://localhost:8080/" << std::endl;
+      return;
+    }
     std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
-    std::cout << "trnflow serve: listening on http://" << host << ":" << port << "/ (auth "
-              << a.auth << "; Ctrl-C stops)" << std::endl;
+    std::string url = "http://" + host + ":" + std::to_string(port) + "/";
+    std::cout << "trnflow serve: listening on " << url << " (auth " << a.auth
+              << "; Ctrl-C stops)" << std::endl;
+    if (o.auth == serve::Auth::kLocal) {
+      // As Jupyter does: the address with the token, for the operator who started it. Only
+      // on a terminal: a service's output goes to logs others may read.
+      if (isatty(STDOUT_FILENO))
+        std::cout << "trnflow serve: open " << url << "?token=" << serve::LoadOrCreateSecret(
+                                                                       o.token_file, "--token-file")
+                  << std::endl;
+      else
+        std::cout << "trnflow serve: the token is in " << o.token_file << " (open " << url
+                  << "?token=TOKEN once, or send Authorization: Bearer TOKEN)" << std::endl;
+    } else {
+      std::cout << "trnflow serve: the proxy must send X-Trnflow-Proxy-Secret with the secret in "
+                << o.proxy_secret_file << std::endl;
+    }
   });
   return kExitOk;
 }

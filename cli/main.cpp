@@ -451,14 +451,32 @@ int main(int argc, char** argv) {
   auto* serve_cmd = app.add_subcommand(
       "serve", "the web dashboard, its JSON API, live events and Prometheus /metrics (a daemon)");
   serve_cmd->add_option("--listen", serve_args.listen,
-                        "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one)");
+                        "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one), "
+                        "or unix:PATH (--auth local: a socket only this user and root reach)");
   serve_cmd->add_option("--auth", serve_args.auth,
-                        "local (default: no login, loopback only) or proxy (a reverse proxy "
-                        "names the user in --user-header; docs/serve.md)")
+                        "local (default: the operator, with the token in --token-file; loopback "
+                        "only) or proxy (a reverse proxy adds the secret in --proxy-secret-file "
+                        "and names the user in --user-header; docs/serve.md)")
       ->check(CLI::IsMember({"local", "proxy"}));
   serve_cmd->add_option("--user-header", serve_args.user_header,
                         "--auth proxy: the header naming the PostgreSQL role (default "
                         "X-Forwarded-User)");
+  serve_cmd->add_option("--token-file", serve_args.token_file,
+                        "--auth local: the token every request presents (made, mode 0600, when "
+                        "missing; default /etc/trnflow/serve.token)");
+  serve_cmd->add_option("--proxy-secret-file", serve_args.proxy_secret_file,
+                        "--auth proxy: the secret the proxy sends in X-Trnflow-Proxy-Secret "
+                        "(made, mode 0600, when missing; default /etc/trnflow/serve-proxy.secret)");
+  serve_cmd->add_option("--allowed-host", serve_args.allowed_hosts,
+                        "a Host name requests may give besides the listen address (and "
+                        "localhost on loopback); repeat for more");
+  serve_cmd->add_option("--header-timeout", serve_args.header_timeout_s,
+                        "seconds a request's line and headers may take to arrive (default 10)")
+      ->check(FiniteRange(0.5, 300));
+  serve_cmd->add_option("--max-pending-per-client", serve_args.max_pending_per_client,
+                        "connections from one address that have not yet presented the token or "
+                        "the proxy secret, at once; more get 429 (default 16)")
+      ->check(CLI::Range(1, 4096));
   serve_cmd->add_option("--max-clients", serve_args.max_clients,
                         "live event streams at once (default 64)")
       ->check(CLI::Range(1, 4096));

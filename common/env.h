@@ -11,7 +11,7 @@ std::string DatabaseUrl();
 // The schema owner, for `db migrate` and `project`: TRNFLOW_ADMIN_DATABASE_URL, else
 // /etc/trnflow/owner.url, else DatabaseUrl().
 std::string AdminDatabaseUrl();
-// TRNFLOW_CONFIG_DIR, else /etc/trnflow: the credentials files and secrets/.
+// Where the site's configuration and secrets are kept: TRNFLOW_CONFIG_DIR, else /etc/trnflow.
 std::string ConfigDir();
 // TRNFLOW_HOME, or /var/lib/trnflow for root, or ~/.local/share/trnflow.
 std::string HomeDir();

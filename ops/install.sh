@@ -4,7 +4,10 @@
 #     (`cmake --install`; PREFIX is /opt/trnflow);
 #   - the system user `trnflow` (no login shell, no home) that the scheduler runs as;
 #   - /etc/trnflow (0755) with env (0600: TRNFLOW_DATABASE_URL from daemon.url if there is one),
-#     and /var/lib/trnflow (0755), the workers' TRNFLOW_HOME.
+#     and /var/lib/trnflow (0755), the workers' TRNFLOW_HOME;
+#   - the dashboard's proxy secret, /etc/trnflow/serve-proxy.secret (0600, the trnflow user's),
+#     serve-proxy.nginx.conf (0600, root's) for nginx to include, and, when a prometheus user
+#     exists, a copy for it in /etc/prometheus/trnflow-serve.secret (docs/serve.md).
 # It enables nothing: `systemctl enable --now trnflow-scheduler trnflow-worker@NAME` does.
 # Idempotent: run it again after every upgrade.
 #
@@ -62,6 +65,25 @@ if [[ ! -e "$root$config/env" ]]; then
       > "$root$config/env")
     echo "   wrote $config/env: put the daemons' URL in it (ops/postgres.sh daemon-login makes one)"
   fi
+fi
+
+echo "== the dashboard's proxy secret"
+secret_file="$root$config/serve-proxy.secret"
+if [[ ! -s $secret_file ]]; then
+  (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$secret_file"; echo >> "$secret_file")
+  echo "   made $config/serve-proxy.secret"
+fi
+chmod 0600 "$secret_file"
+if [[ -n $root ]]; then
+  chown "$(awk -F: '$1 == "trnflow" {print $3 ":" $4}' "$root/etc/passwd")" "$secret_file"
+else
+  chown trnflow:trnflow "$secret_file"
+fi
+(umask 077; printf 'proxy_set_header X-Trnflow-Proxy-Secret "%s";\n' "$(head -n1 "$secret_file")" \
+  > "$root$config/serve-proxy.nginx.conf")
+if [[ -z $root ]] && id prometheus > /dev/null 2>&1 && [[ -d /etc/prometheus ]]; then
+  install -m 0600 -o prometheus -g prometheus "$secret_file" /etc/prometheus/trnflow-serve.secret
+  echo "   copied it for prometheus: /etc/prometheus/trnflow-serve.secret"
 fi
 
 if [[ -z $root && -d /run/systemd/system ]]; then

@@ -121,6 +121,22 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_uid, 0u);
 
+  // The dashboard's proxy secret: the trnflow user's, 0600 (the unit's --proxy-secret-file);
+  // the nginx line that sends it: root's, 0600.
+  ASSERT_EQ(stat((root / "etc/trnflow/serve-proxy.secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(std::to_string(st.st_uid), m[1].str());
+  std::string secret = Slurp(root / "etc/trnflow/serve-proxy.secret");
+  EXPECT_TRUE(std::regex_match(secret, std::regex("[0-9a-f]{64}\n"))) << secret;
+  ASSERT_EQ(stat((root / "etc/trnflow/serve-proxy.nginx.conf").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_NE(Slurp(root / "etc/trnflow/serve-proxy.nginx.conf").find(secret.substr(0, 64)),
+            std::string::npos);
+  EXPECT_NE(UnitKeys(units / "trnflow-serve.service")["ExecStart"].find(
+                "--proxy-secret-file /etc/trnflow/serve-proxy.secret"),
+            std::string::npos);
+
   // Again: nothing changes, nothing is duplicated.
   std::string env_before = Slurp(root / "etc/trnflow/env");
   r = Sh(Install(root));
@@ -128,6 +144,7 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
   EXPECT_NE(r.out.find("trnflow exists"), std::string::npos) << r.out;
   EXPECT_FALSE(PasswdLine(root, "trnflow").empty());
   EXPECT_EQ(Slurp(root / "etc/trnflow/env"), env_before);
+  EXPECT_EQ(Slurp(root / "etc/trnflow/serve-proxy.secret"), secret) << "the proxy keeps working";
   fs::remove_all(root);
 }
 

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -83,10 +88,33 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// Starts `trnflow serve ARGS --listen 127.0.0.1:0` and returns the port it prints.
+// Each dashboard's secret file (made by the dashboard: its --token-file, or --proxy-secret-file
+// with --auth proxy), and the header that presents it, by port.
+struct Credential {
+  std::string file, secret;
+  httplib::Headers headers;
+};
+std::map<int, Credential>& Credentials() {
+  static std::map<int, Credential> c;
+  return c;
+}
+
+std::string SecretDir() {
+  std::string dir = fs::temp_directory_path() / ("trnflow-serve-secrets-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::owner_all);
+  return dir;
+}
+
+// Starts `trnflow serve ARGS --listen 127.0.0.1:0` with a secret file of its own (made by it)
+// and returns the port it prints.
 int StartServe(std::unique_ptr<Daemon>& d, const std::string& name,
                std::vector<std::string> args) {
-  args.insert(args.begin(), {"serve", "--listen", "127.0.0.1:0"});
+  bool proxy = std::find(args.begin(), args.end(), "proxy") != args.end();
+  std::string file = SecretDir() + "/" + name + (proxy ? ".proxy-secret" : ".token");
+  fs::remove(file);
+  args.insert(args.begin(), {"serve", "--listen", "127.0.0.1:0",
+                             proxy ? "--proxy-secret-file" : "--token-file", file});
   d = std::make_unique<Daemon>(name, args,
                                std::vector<std::string>{"TRNFLOW_HOME=" + testing::CliHome()});
   d->Start();
@@ -101,22 +129,45 @@ int StartServe(std::unique_ptr<Daemon>& d, const std::string& name,
       },
       30);
   EXPECT_GT(port, 0) << ReadFile(d->log_path());
+  Credential c;
+  c.file = file;
+  c.secret = ReadFile(file);
+  while (!c.secret.empty() && c.secret.back() == '\n') c.secret.pop_back();
+  EXPECT_GE(c.secret.size(), 32u) << file;
+  if (proxy)
+    c.headers = {{"X-Trnflow-Proxy-Secret", c.secret}};
+  else
+    c.headers = {{"Authorization", "Bearer " + c.secret}};
+  Credentials()[port] = c;
   return port;
+}
+
+// `headers` and, with `authenticate`, the dashboard's credential (what the operator or the
+// proxy sends), unless `headers` presents one of its own.
+httplib::Headers WithCredential(int port, httplib::Headers headers, bool authenticate) {
+  if (!authenticate || headers.count("Authorization") || headers.count("X-Trnflow-Proxy-Secret"))
+    return headers;
+  if (auto it = Credentials().find(port); it != Credentials().end())
+    for (const auto& h : it->second.headers) headers.insert(h);
+  return headers;
 }
 
 struct Http {
   int status = 0;
   std::string body;
   int64_t change = -1;  // X-Trnflow-Change: the newest change a shared answer shows (-1: none)
+  std::string location, set_cookie;
 };
 
-Http Get(int port, const std::string& path, const httplib::Headers& headers = {}) {
+Http Get(int port, const std::string& path, const httplib::Headers& headers = {},
+         bool authenticate = true) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
-  auto r = c.Get(path.c_str(), headers);
+  auto r = c.Get(path.c_str(), WithCredential(port, headers, authenticate));
   if (!r) return {};
   std::string change = r->get_header_value("X-Trnflow-Change");
-  return {r->status, r->body, change.empty() ? -1 : std::stoll(change)};
+  return {r->status, r->body, change.empty() ? -1 : std::stoll(change),
+          r->get_header_value("Location"), r->get_header_value("Set-Cookie")};
 }
 
 nlohmann::json Json(const std::string& text) {
@@ -157,8 +208,13 @@ std::string ArtifactDir() {
 
 // Headless chromium: the DOM after the page's scripts ran (and, with `screenshot`, a PNG of it
 // kept as a test artifact).
-std::string Browse(const std::string& url, const std::string& screenshot = "",
-                   int budget_ms = 8000) {
+std::string Browse(std::string url, const std::string& screenshot = "", int budget_ms = 8000) {
+  // The operator's browser opens the address with the token once (it becomes a cookie).
+  std::smatch m;
+  if (std::regex_search(url, m, std::regex(R"(^http://127\.0\.0\.1:(\d+)/)")))
+    if (auto it = Credentials().find(std::stoi(m[1])); it != Credentials().end() &&
+                                                        it->second.headers.count("Authorization"))
+      url += (url.find('?') == std::string::npos ? "?token=" : "&token=") + it->second.secret;
   static int calls = 0;
   // A profile of its own each time: chromium started again on a profile it used waits on it.
   auto fresh = [] {
@@ -234,7 +290,7 @@ Sse ReadEvents(int port, httplib::Headers headers, const std::function<bool(cons
     if (!last_id.empty()) headers.emplace("Last-Event-ID", last_id);
     std::string buffer;
     auto r = c.Get(
-        path.c_str(), headers,
+        path.c_str(), WithCredential(port, headers, true),
         [&](const httplib::Response& res) {
           sse.status = res.status;
           return res.status == 200;
@@ -624,11 +680,21 @@ TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
   std::string dir = fs::temp_directory_path() / ("trnflow-prom-" + std::to_string(getpid()));
   fs::create_directories(dir + "/data");
   int prom_port = FreePort();
-  std::ofstream(dir + "/prometheus.yml")
-      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - "
-      << TRNFLOW_SOURCE_DIR << "/ops/prometheus/alerts.yml\nscrape_configs:\n"
-      << "  - job_name: trnflow\n    static_configs:\n      - targets: ['127.0.0.1:" << port_
-      << "']\n";
+  // The shipped configuration, pointed at this dashboard and its token file (it sends the
+  // dashboard's secret as a bearer token from a file), scraping every second.
+  std::string yml = ReadFile(TRNFLOW_SOURCE_DIR "/ops/prometheus/prometheus.yml");
+  auto replace = [&](const std::string& from, const std::string& to) {
+    size_t at = yml.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in ops/prometheus/prometheus.yml";
+    yml.replace(at, from.size(), to);
+  };
+  replace("scrape_interval: 30s", "scrape_interval: 1s\n  evaluation_interval: 1s");
+  replace("- alerts.yml", "- " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
+  replace("/etc/prometheus/trnflow-serve.secret", Credentials()[port_].file);
+  replace("127.0.0.1:8080", "127.0.0.1:" + std::to_string(port_));
+  std::ofstream(dir + "/prometheus.yml") << yml;
+  Shell check = Sh("promtool check config " + dir + "/prometheus.yml");
+  EXPECT_EQ(check.code, 0) << check.out;
   pid_t pid = fork();
   if (pid == 0) {
     std::string log = dir + "/prometheus.log";
@@ -1298,12 +1364,14 @@ TEST_F(Serve, TheLogOfARunStageIsTailedForThoseWhoSeeTheRun) {
                                        "the file), then the second's";
 }
 
-Http Post(int port, const std::string& path, const httplib::Headers& headers) {
+Http Post(int port, const std::string& path, const httplib::Headers& headers,
+          bool authenticate = true) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
-  auto r = c.Post(path.c_str(), headers, "", "application/x-www-form-urlencoded");
+  auto r = c.Post(path.c_str(), WithCredential(port, headers, authenticate), "",
+                  "application/x-www-form-urlencoded");
   if (!r) return {};
-  return {r->status, r->body};
+  return {r->status, r->body, -1, r->get_header_value("Location"), r->get_header_value("Set-Cookie")};
 }
 
 TEST_F(Serve, WritesNeedAWriterAndTheCsrfToken) {
@@ -1364,6 +1432,308 @@ TEST_F(Serve, WritesNeedAWriterAndTheCsrfToken) {
             400);
 }
 
+// ---- Issue 32, part 4: the dashboard trusts no position ----------------------------------
+//
+// Every process on the host (any user, any job) can connect to a loopback port; connecting
+// proves nothing. Each test below is an attack that succeeded before (every /api read and a
+// cancel without any credential; a forged X-Forwarded-User; Host: 127.attacker.example; slow
+// clients holding every thread).
+
+// A run of project other-lab whose one stage sleeps a minute, running on the worker.
+std::string StartALongRun(const std::string& name) {
+  auto sub = RunTrnflow("submit " +
+                        WriteTempFile(name + ".yaml", "pipeline: " + name +
+                                                          "\nproject: other-lab\nstages:\n"
+                                                          "  wait:\n    run: [\"sleep\", \"60\"]\n"
+                                                          "    instance: c6i.xlarge\n") +
+                        " --format json");
+  EXPECT_EQ(sub.exit_code, 0) << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  EXPECT_TRUE(WaitFor([&] {
+    return Query("SELECT state FROM trnflow.stages WHERE run_id = " + run) == "running";
+  }, 30));
+  return run;
+}
+
+// A shell command as the user nobody: another local user, or a job's uid.
+std::string AsNobody(const std::string& cmd) {
+  return "setpriv --reuid=65534 --regid=65534 --clear-groups -- " + cmd;
+}
+
+TEST_F(Serve, WithoutTheTokenALocalProcessReadsAndCancelsNothing) {
+  const Credential& cred = Credentials()[port_];
+  std::string run = StartALongRun("local-victim");
+  std::string base = "http://127.0.0.1:" + std::to_string(port_);
+  // Another user on the host, with curl: nothing to read.
+  Shell curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' " + base + "/api/runs"));
+  EXPECT_EQ(curl.out, "401") << curl.out;
+  for (const std::string& path : std::vector<std::string>{"/api/runs", "/api/runs/" + run, "/api/spend", "/api/budgets",
+                                 "/api/schedules", "/api/workers", "/api/me", "/api/events",
+                                 "/metrics", "/runs", "/runs/" + run, "/assets/app.js"})
+    EXPECT_EQ(Get(port_, path, {}, false).status, 401) << path;
+  // A wrong token, wherever it is put.
+  std::string cookie = "trnflow_token_" + std::to_string(port_);
+  EXPECT_EQ(Get(port_, "/api/runs", {{"Authorization", "Bearer " + std::string(64, '0')}}, false).status, 401);
+  EXPECT_EQ(Get(port_, "/api/runs?token=" + std::string(64, '0'), {}, false).status, 401);
+  EXPECT_EQ(Get(port_, "/api/runs", {{"Cookie", cookie + "=" + std::string(64, '0')}}, false).status, 401);
+  EXPECT_EQ(Get(port_, "/api/runs", {{"Authorization", "Bearer " + cred.secret.substr(0, 63)}}, false).status,
+            401);
+  // No cancel: there is no CSRF token to read, and a write without the token is refused first.
+  nlohmann::json me = Json(Get(port_, "/api/me", {}, false).body);
+  std::string stolen = me.value("csrf_token", "x");
+  EXPECT_EQ(Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", stolen}}, false).status, 401);
+  Shell cancel = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -X POST -H 'X-CSRF-Token: x' " +
+                             base + "/api/runs/" + run + "/cancel"));
+  EXPECT_EQ(cancel.out, "401") << cancel.out;
+  EXPECT_EQ(Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", "x"}}, false).status, 401);
+  EXPECT_EQ(Query("SELECT state FROM trnflow.runs WHERE id = " + run), "running");
+  // The operator: the address with the token sets a cookie (HttpOnly, this dashboard's own
+  // name) and sends the browser on without the token in the address; then the cookie does.
+  Http opened = Get(port_, "/runs?live=0&token=" + cred.secret, {}, false);
+  EXPECT_EQ(opened.status, 303);
+  EXPECT_EQ(opened.location, "/runs?live=0");
+  EXPECT_EQ(opened.set_cookie.rfind(cookie + "=" + cred.secret + ";", 0), 0u) << opened.set_cookie;
+  EXPECT_NE(opened.set_cookie.find("HttpOnly"), std::string::npos);
+  EXPECT_EQ(Get(port_, "/runs?token=" + cred.secret + "&x=//evil.example", {}, false).location,
+            "/runs?x=//evil.example");
+  EXPECT_EQ(Get(port_, "//evil.example/?token=" + cred.secret, {}, false).location, "/")
+      << "never a protocol-relative redirect";
+  EXPECT_EQ(Get(port_, "/runs/" + run, {{"Cookie", "a=b; " + cookie + "=" + cred.secret}}, false).status,
+            200);
+  EXPECT_EQ(Get(port_, "/healthz", {}, false).status, 200) << "health checks need nothing";
+  // The dashboard made its token file for its own user: others cannot read it.
+  struct stat st {};
+  EXPECT_EQ(stat(cred.file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_NE(Sh(AsNobody("cat " + cred.file)).code, 0) << "another user reads the token";
+  // ... and may cancel it.
+  std::string csrf = Json(Get(port_, "/api/me").body)["csrf_token"];
+  Http done = Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", csrf}});
+  EXPECT_EQ(done.status, 200) << done.body;
+}
+
+TEST_F(Serve, AForgedUserHeaderWithoutTheProxySecretIsRefused) {
+  const Credential& cred = Credentials()[proxy_port_];
+  std::string run = StartALongRun("proxy-victim");
+  std::string base = "http://127.0.0.1:" + std::to_string(proxy_port_);
+  // A local process names alice itself, as the proxy would.
+  httplib::Headers forged = {{"X-Forwarded-User", alice_}};
+  Shell curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -H 'X-Forwarded-User: " +
+                           alice_ + "' " + base + "/api/runs"));
+  EXPECT_EQ(curl.out, "401") << curl.out;
+  for (const std::string& path :
+       std::vector<std::string>{"/api/runs", "/api/runs/" + run, "/api/me", "/api/events", "/runs"})
+    EXPECT_EQ(Get(proxy_port_, path, forged, false).status, 401) << path;
+  EXPECT_EQ(Get(proxy_port_, "/metrics", {}, false).status, 401)
+      << "/metrics without a user header counts every project: not for anyone who connects";
+  httplib::Headers wrong = forged;
+  wrong.emplace("X-Trnflow-Proxy-Secret", std::string(64, '0'));
+  EXPECT_EQ(Get(proxy_port_, "/api/runs", wrong, false).status, 401);
+  httplib::Headers bearer = forged;
+  bearer.emplace("Authorization", "Bearer " + std::string(64, '0'));
+  EXPECT_EQ(Get(proxy_port_, "/api/runs", bearer, false).status, 401);
+  // Her cancel, forged (with the CSRF token /api/me would give her): refused, the run goes on.
+  httplib::Headers write = forged;
+  write.emplace("X-CSRF-Token", Json(Get(proxy_port_, "/api/me", forged, false).body).value("csrf_token", "x"));
+  EXPECT_EQ(Post(proxy_port_, "/api/runs/" + run + "/cancel", write, false).status, 401);
+  EXPECT_EQ(Query("SELECT state FROM trnflow.runs WHERE id = " + run), "running");
+  // Through the proxy (which adds the secret), she is herself; Prometheus sends the secret as a
+  // bearer token (authorization: credentials_file).
+  struct stat st {};
+  EXPECT_EQ(stat(cred.file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(Get(proxy_port_, "/api/runs/" + run, forged).status, 200);
+  EXPECT_EQ(Get(proxy_port_, "/metrics", {{"Authorization", "Bearer " + cred.secret}}, false).status, 200);
+  std::string csrf = Json(Get(proxy_port_, "/api/me", forged).body)["csrf_token"];
+  Http done = Post(proxy_port_, "/api/runs/" + run + "/cancel",
+                   {{"X-Forwarded-User", alice_}, {"X-CSRF-Token", csrf}});
+  EXPECT_EQ(done.status, 200) << done.body;
+}
+
+TEST_F(Serve, OnlyExactHostNamesPass) {
+  std::string p = ":" + std::to_string(port_);
+  for (const std::string& bad : std::vector<std::string>{"127.attacker.example" + p, "127.0.0.1.attacker.example" + p, "localhost.attacker.example" + p,
+        "127.0.0.1.nip.io" + p, "attacker.example" + p, "127.0.0.2" + p, "[::1]" + p, "127.0.0.1:x",
+        "127.0.0.1:" + p, "[127.0.0.1" + p, std::string("")})
+    EXPECT_EQ(Get(port_, "/api/runs", {{"Host", bad}}).status, 403) << "Host: " << bad;
+  for (const std::string& good :
+       std::vector<std::string>{"127.0.0.1" + p, "localhost" + p, "LocalHost" + p, "127.0.0.1"})
+    EXPECT_EQ(Get(port_, "/api/runs", {{"Host", good}}).status, 200) << "Host: " << good;
+  EXPECT_FALSE(serve::IsLoopback("127.attacker.example"));
+  EXPECT_FALSE(serve::IsLoopback("127.0.0.1.nip.io"));
+  EXPECT_FALSE(serve::IsLoopback("::ffff:10.0.0.1"));
+  EXPECT_TRUE(serve::IsLoopback("127.1.2.3"));
+  EXPECT_TRUE(serve::IsLoopback("[::1]"));
+  auto names = serve::AllowedHosts("0.0.0.0", {"dash.example.org"});
+  EXPECT_EQ(names, std::vector<std::string>{"dash.example.org"}) << "never every name";
+  EXPECT_TRUE(serve::HostAllowed("Dash.Example.Org:443", names));
+  EXPECT_FALSE(serve::HostAllowed("dash.example.org.attacker.example", names));
+  EXPECT_EQ(serve::AllowedHosts("::1", {}), (std::vector<std::string>{"[::1]", "localhost"}));
+}
+
+// A TCP connection to the dashboard from `source` (another loopback address: another client).
+int Connect(int port, const char* source) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) return close(fd), -1;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) return close(fd), -1;
+  return fd;
+}
+
+// What the server sent, until it closed the connection; nullopt while it is still open
+// (waiting at most `ms`).
+std::optional<std::string> ClosedWith(int fd, int ms) {
+  std::string got;
+  pollfd p{fd, POLLIN, 0};
+  while (poll(&p, 1, ms) > 0) {
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) return got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return std::nullopt;
+}
+
+TEST_F(Serve, SlowClientsAreDroppedAndCappedWhileOthersAreServed) {
+  // 2 event streams: 2 * 2 + 16 = 20 threads serve connections.
+  std::unique_ptr<Daemon> d;
+  int port = StartServe(d, "serve-slow", {"--max-clients", "2", "--header-timeout", "2",
+                                          "--max-pending-per-client", "4"});
+  const std::string start = "GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  // One client sends a byte of its headers every half second, each well within the read
+  // timeout (5 s): httplib alone waited for each byte anew, for ever. Dropped at 2 s.
+  int slow = Connect(port, "127.0.0.2");
+  ASSERT_GE(slow, 0);
+  send(slow, start.data(), start.size(), MSG_NOSIGNAL);
+  std::optional<std::string> closed;
+  int sent = 0;
+  for (; sent < 40 && !closed; ++sent) {
+    send(slow, "a", 1, MSG_NOSIGNAL);
+    closed = ClosedWith(slow, 500);
+  }
+  close(slow);
+  EXPECT_TRUE(closed) << "still open after " << sent << " bytes, 20 s";
+  EXPECT_LE(sent, 12) << "dropped after the 2 s header timeout, not the read timeout";
+  // A 400, unless the bytes it never read made its close a reset that took the answer along.
+  if (closed) {
+    EXPECT_TRUE(closed->empty() || closed->rfind("HTTP/1.1 400", 0) == 0) << *closed;
+  }
+  // Another sends header lines as fast as it likes, for ever: dropped at 2 s as well.
+  int endless = Connect(port, "127.0.0.2");
+  ASSERT_GE(endless, 0);
+  send(endless, start.data(), start.size(), MSG_NOSIGNAL);
+  std::optional<std::string> ended;
+  int lines = 0;
+  for (; lines < 2000 && !ended; ++lines) {
+    std::string line = "x\r\nX-More-" + std::to_string(lines) + ": ";
+    send(endless, line.data(), line.size(), MSG_NOSIGNAL);
+    ended = ClosedWith(endless, 10);
+  }
+  close(endless);
+  EXPECT_TRUE(ended) << "still open after " << lines << " header lines, 20 s";
+  EXPECT_LE(lines, 1000) << "dropped after the 2 s header timeout (10 ms a line at least)";
+  // Slowloris: 60 connections from one address, each trickling (more than there are threads).
+  // That address holds 4 of them; the rest are refused (429) and closed at once, and another
+  // client is served all along.
+  std::vector<int> fds;
+  for (int i = 0; i < 60; ++i) {
+    int fd = Connect(port, "127.0.0.3");
+    ASSERT_GE(fd, 0);
+    send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  std::vector<bool> gone(fds.size());
+  auto still_open = [&] {
+    int open = 0;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!gone[i] && ClosedWith(fds[i], 0)) gone[i] = true;
+      open += gone[i] ? 0 : 1;
+    }
+    return open;
+  };
+  EXPECT_TRUE(WaitFor([&] { return still_open() <= 4; }, 10))
+      << still_open() << " connections of one address still held";
+  int served = 0;
+  for (int round = 0; round < 6; ++round) {
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (!gone[i]) send(fds[i], "a", 1, MSG_NOSIGNAL);
+    EXPECT_LE(still_open(), 4);
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(3, 0);
+    c.set_read_timeout(3, 0);
+    auto r = c.Get("/api/runs", Credentials()[port].headers);
+    if (r && r->status == 200) ++served;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (int fd : fds) close(fd);
+  EXPECT_EQ(served, 6) << "another client was kept waiting";
+  EXPECT_TRUE(WaitFor([&] {
+    return ReadFile(d->log_path()).find("--max-pending-per-client") != std::string::npos;
+  }, 15)) << "the refusals are logged";
+}
+
+// --listen unix:PATH: the file system decides who connects (the socket 0600, its directory
+// 0700), and the dashboard checks the peer's uid too (SO_PEERCRED): its own user or root.
+TEST_F(Serve, AUnixSocketLetsInOnlyItsUserAndRoot) {
+  std::string dir = fs::temp_directory_path() / ("trnflow-serve-sock-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  std::string path = dir + "/serve.sock";
+  Daemon d("serve-unix", {"serve", "--listen", "unix:" + path, "--token-file", SecretDir() + "/unix.token"},
+           {"TRNFLOW_HOME=" + testing::CliHome()});
+  d.Start();
+  ASSERT_TRUE(WaitFor([&] { return ReadFile(d.log_path()).find("listening on unix:") != std::string::npos; },
+                      30))
+      << ReadFile(d.log_path());
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  auto curl = [&](const std::string& extra) {
+    return "curl -s -o /dev/null -w '%{http_code}' --unix-socket " + path + " " + extra +
+           " http://localhost/api/runs";
+  };
+  // Its user (root here) needs no token.
+  EXPECT_EQ(Sh(curl("")).out, "200");
+  EXPECT_EQ(Sh(curl("-H 'Host: 127.attacker.example'")).out, "403") << "Host is still checked";
+  // Another user cannot connect...
+  EXPECT_EQ(Sh(AsNobody(curl(""))).out, "000");
+  // ... and, were the modes loosened by mistake, is turned away by its uid.
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(path, fs::perms::all);
+  EXPECT_EQ(Sh(AsNobody(curl(""))).out, "000");
+  EXPECT_EQ(Sh(curl("")).out, "200");
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(d.log_path()).find("uid 65534") != std::string::npos; }, 10));
+  // A proxy reaches the dashboard over TCP, with its secret.
+  auto r = RunTrnflow("serve --auth proxy --listen unix:" + dir + "/p.sock --proxy-secret-file " +
+                      SecretDir() + "/unix.proxy-secret");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  d.Kill(SIGTERM);
+  EXPECT_FALSE(fs::exists(path)) << "a stopped dashboard removes its socket";
+  fs::remove_all(dir);
+}
+
+TEST_F(Serve, ASecretFileOthersMayReadIsRefused) {
+  std::string file = SecretDir() + "/loose.token";
+  std::ofstream(file) << std::string(64, 'a') << "\n";
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
+  auto r = RunTrnflow("serve --listen 127.0.0.1:0 --token-file " + file);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("chmod 600"), std::string::npos) << r.err;
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_EQ(chown(file.c_str(), 65534, 65534), 0);
+  r = RunTrnflow("serve --listen 127.0.0.1:0 --token-file " + file);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("not this user"), std::string::npos) << r.err;
+}
+
 // The text format by itself: HELP and TYPE once per metric, label values escaped, a metric it
 // does not know kept (untyped) rather than dropped, numbers that read back exactly.
 TEST(ServeMetrics, TheTextFormatIsWellFormed) {
@@ -1398,7 +1768,11 @@ TEST(ServeOptions, ListenAddressesAndLoopback) {
   EXPECT_FALSE(serve::IsLoopback(o.host));
   EXPECT_TRUE(serve::IsLoopback("127.0.0.2"));
   EXPECT_TRUE(serve::IsLoopback("localhost"));
-  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:"})
+  serve::ParseListen("unix:/run/trnflow/serve.sock", o);
+  EXPECT_EQ(o.unix_path, "/run/trnflow/serve.sock");
+  serve::ParseListen("127.0.0.1:8080", o);
+  EXPECT_EQ(o.unix_path, "");
+  for (const char* bad : {"8080", "host:99999", "a b:1", "127.0.0.1:", "unix:", "unix:relative.sock"})
     EXPECT_THROW(serve::ParseListen(bad, o), UserError) << bad;
   // And the command refuses to serve everything to the network without a login.
   auto r = RunTrnflow("serve --listen 0.0.0.0:0");
