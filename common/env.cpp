@@ -20,8 +20,6 @@ std::string UrlFromFile(const std::string& path) {
 }
 }  // namespace
 
-}  // namespace
-
 std::string ConfigDir() {
   const char* dir = std::getenv("TRNFLOW_CONFIG_DIR");
   return dir && *dir ? dir : "/etc/trnflow";
