@@ -38,10 +38,10 @@ int CmdDbMigrate(const std::string& job_uid_range) {
     std::smatch m;
     static const std::regex kRange(R"(^\s*(\d{1,10})\s*-\s*(\d{1,10})\s*$)");
     if (!std::regex_match(job_uid_range, m, kRange) || (lo = std::stoll(m[1])) < 1000 ||
-        (hi = std::stoll(m[2])) < lo || hi >= 4294967294LL)
+        (hi = std::stoll(m[2])) < lo || hi > 2147483646LL)
       throw UserError("--job-uid-range " + job_uid_range +
-                      ": expected START-END with 1000 <= START <= END < 4294967294, e.g. "
-                      "200000-299999");
+                      ": expected START-END with 1000 <= START <= END <= 2147483646 (the job's "
+                      "namespaces cannot map larger uids), e.g. 200000-299999");
   }
   schema::Catalog catalog(AdminDatabaseUrl());
   auto report = catalog.Migrate(sim::Catalog::Builtin());

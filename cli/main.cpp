@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
       ->add_option("--job-uid", job_uid,
                    "the uid the project's jobs run as on every worker (default: the next "
                    "free from 200001)")
-      ->check(CLI::Range(int64_t{1000}, int64_t{4294967293}));
+      ->check(CLI::Range(int64_t{1000}, int64_t{2147483646}));
   std::string grant_role;
   bool grant_read = false, grant_write = false;
   auto* project_grant = project->add_subcommand(

@@ -485,15 +485,19 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   }
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (namespaced && code == 1) {
-    // bwrap's own last word (a workdir the job cannot read, a command not found in the
-    // namespace) is the user's to fix, not the job's failure.
+    // bwrap's own last word: a workdir the job cannot read or a command not found in the
+    // namespaces is the user's to fix; anything else (a uid it cannot map) is the worker's.
     std::scoped_lock lock(report.mu);
-    if (report.last_line.rfind("bwrap: ", 0) == 0) {
-      r.outcome = Outcome::kUserError;
-      r.message = "could not start " + argv[0] + " in the job's namespaces: " +
-                  report.last_line.substr(7) + " (it runs as the project's uid " +
-                  std::to_string(ctx.identity.uid) + ", which must be able to read " +
-                  ctx.workdir + ")";
+    const std::string& said = report.last_line;
+    if (said.rfind("bwrap: ", 0) == 0) {
+      bool workdir = said.find("Can't chdir") != std::string::npos ||
+                     said.find("Can't find source path " + ctx.workdir) != std::string::npos;
+      bool command = said.find("execvp") != std::string::npos;
+      r.outcome = workdir || command ? Outcome::kUserError : Outcome::kInfraError;
+      r.message = "could not start " + argv[0] + " in the job's namespaces: " + said.substr(7);
+      if (workdir)
+        r.message += " (it runs as the project's uid " + std::to_string(ctx.identity.uid) +
+                     ", which must be able to read " + ctx.workdir + ")";
       return r;
     }
   }

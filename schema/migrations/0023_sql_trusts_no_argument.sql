@@ -435,8 +435,9 @@ DECLARE
   outside text;
   old record;
 BEGIN
-  IF p_lo IS NULL OR p_hi IS NULL OR p_lo < 1000 OR p_hi >= 4294967294 OR p_hi < p_lo THEN
-    RAISE EXCEPTION 'job uid range %-% is not within 1000-4294967293 (START <= END)', p_lo, p_hi
+  -- Below 2^31: the job's namespaces (bubblewrap) map its uid, and cannot map larger ones.
+  IF p_lo IS NULL OR p_hi IS NULL OR p_lo < 1000 OR p_hi > 2147483646 OR p_hi < p_lo THEN
+    RAISE EXCEPTION 'job uid range %-% is not within 1000-2147483646 (START <= END)', p_lo, p_hi
       USING ERRCODE = '22023', HINT = 'e.g. --job-uid-range 200000-299999';
   END IF;
   SELECT * INTO other FROM trnflow.job_uid_claims() c
@@ -501,7 +502,7 @@ BEGIN
   END IF;
   FOR i IN 0 .. 40000 LOOP
     lo := 200000 + i::bigint * 100000;
-    EXIT WHEN lo + 99999 >= 4294967294;
+    EXIT WHEN lo + 99999 > 2147483646;
     BEGIN
       RETURN trnflow.set_job_uid_range(lo, lo + 99999, true);
     EXCEPTION WHEN invalid_parameter_value THEN

@@ -2,6 +2,7 @@
 // that this test program starts with ops/slurm.sh in a private directory on private ports, a
 // real PostgreSQL catalog, and the real binary as `trnflow run` or as daemons.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -192,6 +193,47 @@ stages:
   // What the job printed is the attempt's log.
   auto logs = RunTrnflow("logs " + std::to_string(run) + " hello");
   EXPECT_NE(logs.out.find("hello from"), std::string::npos) << logs.out << logs.err;
+}
+
+// The wrapper runs as root on the node. It used to write its bookkeeping (begin, exit: what
+// billing reads) into a directory the job owned, so a link the job planted there made root
+// overwrite any file. Now the attempt's directory is root's, only work/ is the job's, and the
+// job (in its namespaces) does not even see the shared directory.
+TEST(Slurm, TheWrapperWritesOnlyWhereTheJobCannotAndTheJobSeesNoneOfIt) {
+  std::string shared = CliHome() + "/slurm";
+  std::string canary = "/tmp/trnflow-slurm-canary-" + std::to_string(getpid());
+  fs::remove(canary);
+  std::string command = "ls " + shared + " 2>&1; for d in " + shared +
+                        "/*/run-*/*; do ln -sf " + canary +
+                        " \"$d/exit\" 2>&1 && echo LEAK-planted; done; id -u; echo done";
+  auto r = RunTrnflow("run " + WriteTempFile("planter.yaml", OneStage("slurm-planter", command)) +
+                      " --speed 1 --executor slurm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
+  EXPECT_NE(logs.out.find("done"), std::string::npos) << logs.out;
+  EXPECT_NE(logs.out.find("No such file or directory"), std::string::npos) << logs.out;
+  EXPECT_EQ(logs.out.find("LEAK"), std::string::npos) << logs.out;
+  EXPECT_FALSE(fs::exists(canary));
+  std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
+  fs::path attempt = fs::path(shared) / ("uid-" + uid) / ("run-" + std::to_string(run)) /
+                     "work.attempt-1";
+  struct stat st;
+  ASSERT_EQ(::stat(attempt.c_str(), &st), 0) << attempt;
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(std::to_string(st.st_gid), uid);
+  ASSERT_EQ(::stat((attempt / "work").c_str(), &st), 0);
+  EXPECT_EQ(std::to_string(st.st_uid), uid);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  for (const char* f : {"exit", "begin", "output.log"}) {
+    ASSERT_EQ(::lstat((attempt / f).c_str(), &st), 0) << f;
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << f;
+    EXPECT_EQ(st.st_uid, 0u) << f;
+    EXPECT_EQ(st.st_mode & 077, 0u) << f << ": others may read it";
+  }
+  ASSERT_EQ(::stat((fs::path(shared) / ("uid-" + uid)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0710u);
 }
 
 // The README's two commands: the climate example end to end on the cluster, simulated stages
