@@ -65,7 +65,9 @@ start)
   ;;
 daemon-login)
   role=$(echo "SELECT trnflow.daemon_role()" | DB=trnflow psql_admin)
-  if [ ! -s "$conf/daemon.url" ] || ! grep -q "://$role:" "$conf/daemon.url"; then
+  # Also when the URL no longer logs in (the catalog was made anew and its role with it).
+  if [ ! -s "$conf/daemon.url" ] || ! grep -q "://$role:" "$conf/daemon.url" ||
+     ! PGCONNECT_TIMEOUT=5 psql -w "$(head -n1 "$conf/daemon.url")" -Atc 'SELECT 1' >/dev/null 2>&1; then
     echo "== generating the daemons' password ($conf/daemon.url, role $role)"
     pw=$(secret)
     set_password "$role" "$pw"
