@@ -127,7 +127,7 @@ class JobProcesses {
   // whatever it left in its directories stays as it is.
   void WaitGone() {
     // The group only: bwrap's own pid is reaped and may belong to someone else by now.
-    ::kill(-child_, SIGKILL);
+    if (child_ > 0) ::kill(-child_, SIGKILL);
     if (init_fd_ < 0) return;
     pollfd p{init_fd_, POLLIN, 0};
     for (int tries = 0; tries < 100 && ::poll(&p, 1, 100) == 0; ++tries)
@@ -136,7 +136,7 @@ class JobProcesses {
 
  private:
   void SignalGroup(int sig) {
-    if (::kill(-child_, sig) != 0) ::kill(child_, sig);
+    if (child_ > 0 && ::kill(-child_, sig) != 0) ::kill(child_, sig);
   }
   pid_t child_;
   pid_t init_ = -1;
@@ -247,10 +247,10 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     return r;
   }
 
-  // A relative command stays relative: the child starts it from the workdir, which it enters
-  // while still privileged, so the job's uid need not be able to traverse the workdir's
-  // parents. The check here is the worker's, as root. A bare name is looked up in the job's
-  // PATH, not the worker's.
+  // A relative command stays relative: it starts from the workdir, which bwrap enters as the
+  // job (in its namespaces; the worker never looks there as root), or, with the sandbox off,
+  // which the child enters before exec. A bare name is looked up in the job's PATH (system
+  // directories), not the worker's.
   const bool namespaced = ctx.namespaces.enabled;
   boost::filesystem::path exe;
   if (argv[0].find('/') != std::string::npos && namespaced) {
@@ -276,11 +276,9 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     return r;
   }
 
-  if (namespaced && ctx.spec.command.network && !ctx.namespaces.allow_network) {
+  if (std::string refused = NetworkRefused(ctx); !refused.empty()) {
     r.outcome = Outcome::kUserError;
-    r.message =
-        "the stage asks for `network: host` and this worker keeps jobs off the network; an "
-        "operator allows it with `trnflow worker --allow-network` (docs/security.md)";
+    r.message = refused;
     return r;
   }
   std::string job_home;

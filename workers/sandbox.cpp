@@ -332,6 +332,13 @@ std::string FindBwrap() {
   return "";
 }
 
+std::string NetworkRefused(const ExecContext& ctx) {
+  if (!ctx.namespaces.enabled || !ctx.spec.command.network || ctx.namespaces.allow_network)
+    return "";
+  return "the stage asks for `network: host` and this worker keeps jobs off the network; an "
+         "operator allows it with `trnflow worker --allow-network` (docs/security.md)";
+}
+
 std::vector<std::string> NamespaceArgv(const ExecContext& ctx,
                                        const std::vector<std::string>& command, int info_fd) {
   const JobNamespaces& ns = ctx.namespaces;

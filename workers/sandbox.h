@@ -67,6 +67,10 @@ std::string FindBwrap();
 std::vector<std::string> NamespaceArgv(const ExecContext& ctx,
                                        const std::vector<std::string>& command, int info_fd);
 
+// Why the attempt may not run with the network it asks for (`network: host` on a worker
+// without --allow-network), or "".
+std::string NetworkRefused(const ExecContext& ctx);
+
 // Whether the worker may run jobs, and as whom.
 struct SandboxDecision {
   bool enabled = true;  // jobs switch to their project's uid

@@ -451,11 +451,9 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         return r;
       }
       if (ctx.spec.command.shell) argv = {"/bin/sh", "-c", argv[0]};
-      if (ctx.namespaces.enabled && ctx.spec.command.network && !ctx.namespaces.allow_network) {
+      if (std::string refused = NetworkRefused(ctx); !refused.empty()) {
         r.outcome = Outcome::kUserError;
-        r.message =
-            "the stage asks for `network: host` and this worker keeps jobs off the network; an "
-            "operator allows it with `trnflow worker --allow-network` (docs/security.md)";
+        r.message = refused;
         return r;
       }
       // The same namespaces as on the worker's own host (bwrap must be installed on the nodes).
