@@ -60,6 +60,21 @@ struct JobSandbox : boost::process::extend::handler {
   }
 };
 
+// Everything written to a short-lived pipe until its last writer closes it (at most 10 s
+// between writes).
+std::string ReadPipe(int fd) {
+  std::string text;
+  char buf[512];
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, 10000) > 0) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
 // The processes of one attempt. Without namespaces: the job's process group. With them: bwrap
 // (the child the worker started) and the attempt's PID namespace, whose pid 1 bwrap reports
 // on its info pipe. Its namespace dies whole when that pid 1 does, so nothing the job started
@@ -76,15 +91,7 @@ class JobProcesses {
   // Reads bwrap's info pipe ({"child-pid": N, ...}) until bwrap closes it. False: bwrap did
   // not get as far as making the namespace.
   bool ReadNamespace(int info_fd) {
-    std::string text;
-    char buf[512];
-    pollfd p{info_fd, POLLIN, 0};
-    while (::poll(&p, 1, 10000) > 0) {
-      ssize_t n = ::read(info_fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      text.append(buf, static_cast<size_t>(n));
-    }
+    std::string text = ReadPipe(info_fd);
     auto at = text.find("\"child-pid\":");
     if (at == std::string::npos) return false;
     pid_t pid = static_cast<pid_t>(std::strtol(text.c_str() + at + 12, nullptr, 10));
@@ -213,15 +220,7 @@ void ReadOutput(int fd, OutputCapture& capture) {
 // What the child wrote to the status pipe before failing to become the job (empty: it
 // exec'd). Every copy of the write end closes at an exec or an exit, so this ends quickly.
 std::string ReadStatus(int fd) {
-  std::string msg;
-  char buf[512];
-  pollfd p{fd, POLLIN, 0};
-  while (::poll(&p, 1, 10000) > 0) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    msg.append(buf, static_cast<size_t>(n));
-  }
+  std::string msg = ReadPipe(fd);
   while (!msg.empty() && msg.back() == '\n') msg.pop_back();
   return msg;
 }
