@@ -3,6 +3,7 @@
 #include "schema/catalog.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -719,6 +720,21 @@ TEST(StageCache, KeyCoversKindParametersAndConsumedDigests) {
   EXPECT_EQ(j["kind"], "run");
   EXPECT_TRUE(j["parameters"]["files"].contains("prep.sh")) << base;
   EXPECT_EQ(j["inputs"]["fetch"], "d1");
+
+  // The worker is root and the workdir the submitter's: it hashes nothing the job's uid could
+  // not read, nothing outside the workdir, and a FIFO named there does not stall it.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  StageSpec probe = s;
+  probe.command.argv = {"cat", "/etc/shadow", "fifo", "../" + dir.filename().string() + "/prep.sh",
+                        (dir / "prep.sh").string()};
+  auto files = nlohmann::json::parse(workers::StageCacheInputs(probe, up, dir.string(), 7,
+                                                               "lab"))["parameters"]["files"];
+  EXPECT_EQ(files.size(), 1u) << files.dump();
+  EXPECT_TRUE(files.contains((dir / "prep.sh").string())) << files.dump();
+  fs::permissions(dir, fs::perms(0700));  // a workdir only root can read
+  files = nlohmann::json::parse(workers::StageCacheInputs(s, up, dir.string(), 7,
+                                                          "lab"))["parameters"]["files"];
+  EXPECT_TRUE(files.empty()) << files.dump();
   fs::remove_all(dir);
 }
 

@@ -1,5 +1,11 @@
 #include "workers/stage_cache.h"
 
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -12,12 +18,56 @@ namespace fs = std::filesystem;
 namespace trnflow::workers {
 namespace {
 
-// Files the command names (a script, a config), by the digest of their contents, so editing
-// one is a new key. Words are whitespace-separated, `--opt=path` counts its value; paths in
-// the run's directory are left to the upstream digests.
+// Whether anyone could read `dir`: every directory from / to it lets others search it, and it
+// lets them read. The worker runs as root and the workdir is the submitter's choice: a
+// command's named files are hashed only where any uid could read them anyway, never inside
+// another project's run directory or a root-only tree.
+bool OpenToAll(const fs::path& dir) {
+  if (!dir.is_absolute()) return false;
+  fs::path walk = "/";
+  for (const auto& part : dir.lexically_normal()) {
+    if (part != "/") walk /= part;
+    struct stat st;
+    if (::stat(walk.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || !(st.st_mode & S_IXOTH))
+      return false;
+  }
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IROTH);
+}
+
+// The digest of the file `rel` beneath the open directory `dir`, or "" when it is not a
+// regular file everyone may read (opened by the kernel beneath `dir`: no `..` or link out of
+// it, no other mount; O_NONBLOCK, so a FIFO planted there cannot stall the worker).
+std::string WorldReadableDigest(int dir, const std::string& rel, uintmax_t max_bytes) {
+  open_how how{};
+  how.flags = O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+  int fd = static_cast<int>(::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof how));
+  if (fd < 0) return "";
+  struct stat st;
+  std::string digest;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & S_IROTH) &&
+      static_cast<uintmax_t>(st.st_size) <= max_bytes) {
+    try {
+      digest = Sha256FdHex(fd, rel);
+    } catch (const std::runtime_error&) {  // unreadable: not a file the command reads
+    }
+  }
+  ::close(fd);
+  return digest;
+}
+
+// Files the command names (a script, a config) inside its working directory, the only part of
+// the host's files a command sees besides the system, by the digest of their contents, so
+// editing one is a new key. Words are whitespace-separated, `--opt=path` counts its value;
+// paths in the run's directory are left to the upstream digests.
 nlohmann::json NamedFiles(const CommandSpec& cmd, const std::string& workdir) {
   constexpr uintmax_t kMaxBytes = 256u << 20;
   nlohmann::json files = nlohmann::json::object();
+  if (!OpenToAll(workdir)) return files;
+  int dir = ::open(workdir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return files;
+  const fs::path root = fs::path(workdir).lexically_normal();
   for (const auto& arg : cmd.argv) {
     std::istringstream words(arg);
     for (std::string w; words >> w;) {
@@ -25,16 +75,16 @@ nlohmann::json NamedFiles(const CommandSpec& cmd, const std::string& workdir) {
         while (!c.empty() && (c.front() == '"' || c.front() == '\'')) c.erase(0, 1);
         while (!c.empty() && (c.back() == '"' || c.back() == '\'' || c.back() == ';')) c.pop_back();
         if (c.empty() || c.find("${{") != std::string::npos || files.contains(c)) continue;
-        fs::path p = fs::path(c).is_absolute() ? fs::path(c) : fs::path(workdir) / c;
-        std::error_code ec;
-        if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > kMaxBytes) continue;
-        try {
-          files[c] = Sha256FileHex(p.string());
-        } catch (const std::runtime_error&) {  // unreadable: not a file the command reads
-        }
+        fs::path p(c);
+        if (p.is_absolute()) p = p.lexically_normal().lexically_relative(root);
+        p = p.lexically_normal();
+        if (p.empty() || *p.begin() == ".." || p.is_absolute()) continue;
+        if (std::string d = WorldReadableDigest(dir, p.string(), kMaxBytes); !d.empty())
+          files[c] = d;
       }
     }
   }
+  ::close(dir);
   return files;
 }
 

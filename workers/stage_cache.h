@@ -15,7 +15,8 @@ namespace trnflow::workers {
 
 // Canonical JSON (keys sorted) of the key's inputs; the key is its sha256. `consumed` lists
 // (stage name, digest) of the stages upstream; `workdir` is where the command's relative paths
-// start. A command that mentions ${{ run.id }} depends on its run: `run_id` joins its key.
+// start: files the command names inside it are hashed into the key when anyone may read them
+// (never as root's privilege: not in a workdir only root or another project can read). A command that mentions ${{ run.id }} depends on its run: `run_id` joins its key.
 // `project` is the run's: the same stage in another project has another key.
 std::string StageCacheInputs(const StageSpec& spec,
                              const std::vector<std::pair<std::string, std::string>>& consumed,
