@@ -107,16 +107,6 @@ bool SafeForm(const fs::path& target) {
   return true;
 }
 
-// Opens the directory `rel` beneath the open directory `root`: openat2 with RESOLVE_BENEATH
-// (no step may leave `root`, through a link or `..`), RESOLVE_NO_XDEV (nor cross a mount) and
-// RESOLVE_NO_MAGICLINKS. -1 with errno EXDEV or ELOOP when the path leads out.
-int OpenBeneath(int root, const std::string& rel) {
-  open_how how{};
-  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
-  return static_cast<int>(syscall(SYS_openat2, root, rel.c_str(), &how, sizeof how));
-}
-
 // Reads or copies a tree without following a symlink anywhere: each directory is opened
 // relative to its parent's descriptor with O_NOFOLLOW, links are read (never opened), and
 // only regular files are opened. Collects the digest lines of OutputsDigest.
@@ -273,7 +263,8 @@ struct TreeWalk {
       // Opened from the root's descriptor by the kernel, which refuses any step (a link, a
       // `..`, a mount) that would leave it: what was checked above is what is opened, even if
       // the tree changed in between.
-      Fd src(OpenBeneath(root_fd.get(), r.parent_path().empty() ? "." : r.parent_path().string()));
+      Fd src(OpenBeneath(root_fd.get(), r.parent_path().empty() ? "." : r.parent_path().string(),
+                         O_RDONLY | O_DIRECTORY));
       if (!src && (errno == EXDEV || errno == ELOOP))
         throw OutputRefused("output " + Name(rel) + " lies under a symlink leading out of " +
                             shown);
@@ -300,6 +291,14 @@ struct TreeWalk {
 };
 
 }  // namespace
+
+int OpenBeneath(int dir, const std::string& rel, int flags, bool no_symlinks) {
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS |
+                (no_symlinks ? RESOLVE_NO_SYMLINKS : 0);
+  return static_cast<int>(syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof how));
+}
 
 std::string OutputsDigest(const std::string& root, const std::vector<std::string>& rels) {
   TreeWalk w;

@@ -58,6 +58,12 @@ StoredArtifact StoreOutputs(const std::string& home, const std::string& cache_in
 // is itself a symlink.
 void RestoreOutputs(const std::string& path, const std::string& root);
 
+// Opens `rel` beneath the open directory `dir` with openat2: the kernel refuses any step that
+// leaves `dir` (a link or `..` out: EXDEV), crosses a mount or follows a magic link, and with
+// `no_symlinks` any link at all (ELOOP). `flags` are open(2)'s (O_CLOEXEC is added). Returns
+// the descriptor, or -1 with errno. For root reading what a job could have changed.
+int OpenBeneath(int dir, const std::string& rel, int flags, bool no_symlinks = false);
+
 // True when `path` holds a complete entry whose contents hash to `digest`.
 bool VerifyArtifact(const std::string& path, const std::string& digest);
 

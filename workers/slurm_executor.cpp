@@ -13,9 +13,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +32,7 @@
 
 #include "common/duration.h"
 #include "common/log.h"
+#include "workers/artifact_store.h"
 #include "workers/executor.h"
 #include "workers/pause.h"
 #include "workers/slurm.h"
@@ -174,10 +173,7 @@ std::optional<std::string> ReadSmallFile(const fs::path& p) {
 std::optional<std::string> ReadJobFile(const fs::path& dir, const std::string& name) {
   int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (d < 0) return std::nullopt;
-  open_how how{};
-  how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
-  int fd = static_cast<int>(::syscall(SYS_openat2, d, name.c_str(), &how, sizeof how));
+  int fd = OpenBeneath(d, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, /*no_symlinks=*/true);
   ::close(d);
   if (fd < 0) return std::nullopt;
   struct stat st;

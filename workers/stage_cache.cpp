@@ -1,9 +1,7 @@
 #include "workers/stage_cache.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 #include <sstream>
 
 #include "common/sha256.h"
+#include "workers/artifact_store.h"
 
 namespace fs = std::filesystem;
 
@@ -39,10 +38,7 @@ bool OpenToAll(const fs::path& dir) {
 // regular file everyone may read (opened by the kernel beneath `dir`: no `..` or link out of
 // it, no other mount; O_NONBLOCK, so a FIFO planted there cannot stall the worker).
 std::string WorldReadableDigest(int dir, const std::string& rel, uintmax_t max_bytes) {
-  open_how how{};
-  how.flags = O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
-  int fd = static_cast<int>(::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof how));
+  int fd = OpenBeneath(dir, rel, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return "";
   struct stat st;
   std::string digest;

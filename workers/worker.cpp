@@ -1,6 +1,5 @@
 #include "workers/worker.h"
 
-#include <stdexcept>
 #include <sys/stat.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -55,11 +54,6 @@ std::string NewUuid() {
 }
 
 // FNV-1a: a stable hash, so the same run seed gives the same draws on every build.
-// A claimed stage whose stored spec cannot be read: it fails as a user error, never retried.
-struct MalformedSpec : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ULL) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
@@ -575,10 +569,16 @@ struct Worker::Impl {
     };
     ExecResult er;
     try {
-      if (!c.spec_error.empty()) throw MalformedSpec(c.spec_error);
-      std::vector<std::string> missing =
-          ResolveSecrets(opt.secrets_dir, c.project, c.spec.command.secrets, &ctx.secrets);
-      if (!missing.empty()) {
+      std::vector<std::string> missing;
+      if (c.spec_error.empty())
+        missing = ResolveSecrets(opt.secrets_dir, c.project, c.spec.command.secrets, &ctx.secrets);
+      if (!c.spec_error.empty()) {
+        // A stored spec that cannot be read fails its own stage, never retried.
+        er.outcome = Outcome::kUserError;
+        er.ran_instance = false;
+        er.message = "the stage's stored spec cannot be run (" + c.spec_error +
+                     "); resubmit the pipeline with `trnflow submit`";
+      } else if (!missing.empty()) {
         er.outcome = Outcome::kUserError;
         er.ran_instance = false;
         er.message = "secret " + missing.front() + " is not set for project " + c.project +
@@ -597,11 +597,6 @@ struct Worker::Impl {
         er = RunCachedStage(ctx, c);
       else
         er = RunStage(ctx);
-    } catch (const MalformedSpec& e) {
-      er.outcome = Outcome::kUserError;
-      er.ran_instance = false;
-      er.message = std::string("the stage's stored spec cannot be run (") + e.what() +
-                   "); resubmit the pipeline with `trnflow submit`";
     } catch (const std::exception& e) {
       er.outcome = Outcome::kInfraError;
       er.message = std::string("executor failed: ") + e.what();
