@@ -44,6 +44,7 @@ struct RunArgs {
   std::vector<std::string> pools;  // NAME=N overrides
   std::string format = "table";
   bool force = false;
+  bool share = false;  // run: daemon workers may take stages of this run too
   bool retry_failed_compilation = false;
   SandboxArgs sandbox;
 };

@@ -60,7 +60,7 @@ std::string NoWorkerFor(const std::vector<schema::LiveWorker>& workers, const st
 }
 
 struct Reason {
-  std::string kind;  // run, needs, worker, capacity, backoff, budget, running, done
+  std::string kind;  // run, gone, needs, worker, capacity, backoff, budget, running, done
   std::string message;
 };
 
@@ -92,6 +92,7 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
     if (w.last_message.find("budget") != std::string::npos)
       out.push_back({"budget", "its budget holds it back: " + w.last_message});
   } else if (w.state == "ready") {
+    if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
     auto workers = WorkersFor(catalog, run_id);
     std::string none = NoWorkerFor(workers, w.pool, w.instance_count);
     if (!none.empty()) {
@@ -119,6 +120,7 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
     if (w.last_message.find("budget") != std::string::npos)
       out.push_back({"budget", "its last attempt was held back by the budget: " + w.last_message});
   } else if (w.state == "running") {
+    if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
     out.push_back({"running", "it is running: attempt " + std::to_string(w.attempts) +
                                   (w.running_on.empty() ? "" : " on " + w.running_on) +
                                   "; `trnflow show " + std::to_string(run_id) +
@@ -132,14 +134,36 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
 
 }  // namespace
 
+std::optional<std::string> HolderGone(schema::Catalog& catalog, int64_t run_id) {
+  auto h = catalog.HolderOf(run_id);
+  if (!h || !h->gone()) return std::nullopt;
+  std::string who = h->registered ? "the process running this run (pid " + std::to_string(h->pid) +
+                                        " on " + h->host + ")"
+                                  : "the `trnflow run` that submitted this run";
+  std::string how = !h->registered ? "never started executing it"
+                    : h->stopped   ? "has stopped"
+                                   : "is gone: silent for " +
+                                       std::to_string(static_cast<int>(h->heartbeat_age_s)) +
+                                       "s, past its " +
+                                       std::to_string(static_cast<int>(h->lease_s)) + "s lease";
+  return who + " " + how + "; continue it with `trnflow watch " + std::to_string(run_id) +
+         " --execute` (or a `trnflow scheduler` hands it to the worker daemons)";
+}
+
 std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_id,
                                           const std::vector<schema::StageRow>& stages) {
+  std::vector<std::string> out;
+  bool unfinished = false;
+  for (const auto& s : stages)
+    unfinished = unfinished || s.state == "ready" || s.state == "running" ||
+                 s.state == "retry_wait" || s.state == "blocked";
+  if (unfinished)
+    if (auto gone = HolderGone(catalog, run_id)) out.push_back(*gone);
   std::map<std::pair<std::string, int>, std::vector<std::string>> ready;  // (pool, count)
   for (const auto& s : stages)
     if (s.state == "ready") ready[{PoolOf(s.instance_type), s.instance_count}].push_back(s.name);
-  if (ready.empty()) return {};
+  if (ready.empty()) return out;
   auto workers = WorkersFor(catalog, run_id);
-  std::vector<std::string> out;
   for (const auto& [key, names] : ready) {
     std::string none = NoWorkerFor(workers, key.first, key.second);
     if (none.empty()) continue;

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/plan_estimate.h"
+#include "scheduler/admission.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "pipelines/diagnostics.h"
@@ -81,11 +81,11 @@ int CmdPlan(const RunArgs& a) {
   pipelines::Plan plan;
   try {
     catalog = OpenCatalog();
-    plan = EstimatePlan(*pipeline, catalog.get());
+    plan = scheduler::EstimatePlan(*pipeline, catalog.get());
   } catch (const CatalogUnavailable& e) {
     std::cerr << "trnflow: note: planning without the catalog (" << e.what()
               << "): no compile cache, no past runs\n";
-    plan = EstimatePlan(*pipeline, nullptr);
+    plan = scheduler::EstimatePlan(*pipeline, nullptr);
   }
   std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
   return kExitOk;
@@ -99,6 +99,7 @@ nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query
                    {"project", r.project},
                    {"pipeline", r.pipeline},
                    {"state", r.state},
+                   {"cancel_reason", OrNull(r.cancel_reason)},
                    {"created_at", r.created_at},
                    {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
                                                          : nlohmann::json(r.finished_at)},
@@ -336,7 +337,10 @@ nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
         {"seed", run.seed},
         {"created_at", run.created_at},
         {"finished_at", OrNull(run.finished_at)},
-        {"cost_usd", Usd(run.cost)}}},
+        {"cost_usd", Usd(run.cost)},
+        // Set when the process running it (`trnflow run`) is gone: what happened, what to do.
+        {"holder_gone", run.state == "running" ? OrNull(HolderGone(catalog, run.id).value_or(""))
+                                               : nlohmann::json(nullptr)}}},
       {"stages", std::move(js)}};
   if (collapse)
     out["totals"] = {{"stages", stages.size()},
@@ -407,7 +411,7 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
     return kExitOk;
   }
   std::string state = run->state;
-  if (run->cancel_reason == "budget_exceeded") state += " (budget exceeded)";
+  if (run->cancel_reason == "budget_exceeded") state = "over budget";  // as `runs` says
   double running = 0;
   for (const auto& s : stages) running += s.running_cost_usd;
   std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project << "  "

@@ -32,10 +32,6 @@ SpendArgs SpendFilters(const serve::ApiRequest& r) {
   return s;
 }
 
-// A worker whose heartbeat is older than this is shown as stale (leases are 15 s by default
-// and renewed three times a lease).
-constexpr double kStaleAfterS = 60;
-
 // A whole number from the query string within [lo, hi], `fallback` when absent; UserError else.
 int64_t NumberParam(const serve::ApiRequest& r, const std::string& name, int64_t fallback,
                     int64_t lo, int64_t hi) {
@@ -177,7 +173,8 @@ nlohmann::ordered_json WorkersJson(schema::Catalog& catalog) {
     out.push_back({{"worker_id", w.id},
                    {"host", w.host},
                    {"pid", w.pid},
-                   {"state", w.heartbeat_age_s > kStaleAfterS ? "stale" : "live"},
+                   // Dead once silent past its lease: its stages are rescued elsewhere.
+                   {"state", w.heartbeat_age_s > w.lease_s ? "dead" : "live"},
                    {"heartbeat_age_seconds", std::round(w.heartbeat_age_s * 10) / 10},
                    {"only_run_id", IdOrNull(w.only_run)},
                    {"pools", pools}});
@@ -213,6 +210,17 @@ int CmdWorkers(const std::string& format) {
   std::cout << Table({"WORKER", "HOST", ">PID", "STATE", ">HEARTBEAT", "POOLS (IN USE/CAPACITY)",
                       "ONLY RUN"},
                      rows);
+  return kExitOk;
+}
+
+int CmdWorkersForget(const std::string& which) {
+  auto catalog = OpenCatalog();
+  auto gone = catalog->ForgetWorkers(which);
+  if (gone.empty() && !which.empty())
+    throw UserError("no stopped or dead worker has id or host " + which +
+                    " (live workers are never forgotten); `trnflow workers` lists them");
+  if (gone.empty()) std::cout << "no stopped or dead workers to forget\n";
+  for (const auto& w : gone) std::cout << "forgot worker " << w << "\n";
   return kExitOk;
 }
 

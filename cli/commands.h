@@ -82,6 +82,9 @@ int CmdCacheTrust(const std::string& project, const std::string& trusted, bool t
 
 int CmdExplain(const std::string& run, const std::string& stage, const std::string& format);
 // Ready stages of the run that no live worker can take, one sentence per pool and size.
+// Set when the process holding a run (`trnflow run`, `watch --execute`) has stopped or gone
+// silent past its lease: what happened and the command that continues the run.
+std::optional<std::string> HolderGone(schema::Catalog& catalog, int64_t run_id);
 std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_id,
                                           const std::vector<schema::StageRow>& stages);
 // What a stage of the run waits for, a sentence each (empty: no such stage).
@@ -104,19 +107,13 @@ nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                 
 nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                  // schedule ls
 nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                       // workers
 int CmdWorkers(const std::string& format);
+int CmdWorkersForget(const std::string& which);  // `workers forget [WHICH]`
 int CmdServe(const ServeArgs& args);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);
 // The run as `trnflow show RUN --format json` prints it (`run` and `watch` with --format json
 // print it when the run ends).
 void PrintRunJson(schema::Catalog& catalog, int64_t run_id);
-// Throws Refused (exit 4, nothing written) when the plan's total (EstimatePlan, the figure
-// `plan` prints) exceeds the budget left, unless forced. The plan is made only when a budget
-// applies (the run's budget_usd or one of its project's): for 10,000 stages it reads their
-// history from the catalog.
-void AdmitOrRefuse(schema::Catalog& catalog, const pipelines::Pipeline& p,
-                   const std::function<pipelines::Plan()>& plan, const std::string& project,
-                   bool force);
 // The file of `run`, `submit` and `plan`, validated (diagnostics printed), with the
 // environment's spot rate applied; nullopt when it has errors.
 std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a);

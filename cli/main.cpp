@@ -148,6 +148,9 @@ int main(int argc, char** argv) {
   AddRunOptions(run, run_args, true);
   run->add_option("--pool", run_args.pools, "pool capacity in instances: NAME=N (repeatable)");
   run->add_flag("--force", run_args.force, "override budget admission");
+  run->add_flag("--share", run_args.share,
+                "let daemon workers take stages of this run too (by default this process runs "
+                "all of them)");
   AddSandboxOptions(run, run_args.sandbox);
   AddFormat(run, run_args.format)
       ->description(
@@ -444,8 +447,14 @@ int main(int argc, char** argv) {
 
   std::string workers_format = "table";
   auto* workers_cmd = app.add_subcommand(
-      "workers", "worker daemons that heartbeated in the last day: pools, what they run, heartbeat");
+      "workers",
+      "workers that heartbeated in the last day: pools, what they run, live or dead (silent past "
+      "their lease)");
   AddFormat(workers_cmd, workers_format);
+  std::string forget_which;
+  auto* workers_forget = workers_cmd->add_subcommand(
+      "forget", "remove stopped and dead workers from the list now (all, or one id or host)");
+  workers_forget->add_option("WHICH", forget_which, "a worker id or a host (default: all)");
 
   ServeArgs serve_args;
   auto* serve_cmd = app.add_subcommand(
@@ -510,6 +519,7 @@ int main(int argc, char** argv) {
       runs_query.since = ReadDateFlag("--since", runs_since);
       return CmdRuns(runs_query, runs_format);
     }
+    if (workers_forget->parsed()) return CmdWorkersForget(forget_which);
     if (workers_cmd->parsed()) return CmdWorkers(workers_format);
     if (serve_cmd->parsed()) return CmdServe(serve_args);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format, show_collapse);

@@ -46,7 +46,8 @@ std::string Money::ToDollars() const {
   int64_t a = std::llabs(micros_);
   int64_t cents = (a + 5'000) / 10'000;
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%s$%lld.%02lld", micros_ < 0 ? "-" : "",
+  // No "-$0.00": a negative amount that rounds to zero cents is shown as zero.
+  std::snprintf(buf, sizeof buf, "%s$%lld.%02lld", micros_ < 0 && cents > 0 ? "-" : "",
                 static_cast<long long>(cents / 100), static_cast<long long>(cents % 100));
   return buf;
 }

@@ -59,9 +59,10 @@ start)
     echo "== creating database trnflow"
     echo "CREATE DATABASE trnflow OWNER trnflow" | psql_admin >/dev/null
   fi
-  # Nobody but the owner creates objects in the catalog's database.
-  echo "REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON DATABASE trnflow FROM PUBLIC;
-        GRANT CONNECT ON DATABASE trnflow TO PUBLIC" | DB=trnflow psql_admin >/dev/null
+  # Nobody but the owner creates objects in the catalog's database, and only the catalog's own
+  # roles connect to it (granted by `trnflow db migrate`, migration 0024).
+  echo "REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON DATABASE trnflow FROM PUBLIC" |
+    DB=trnflow psql_admin >/dev/null
   ;;
 daemon-login)
   role=$(echo "SELECT trnflow.daemon_role()" | DB=trnflow psql_admin)

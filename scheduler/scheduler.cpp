@@ -12,7 +12,9 @@
 #include "common/money.h"
 #include "common/retry_policy.h"
 #include "pipelines/pipeline.h"
+#include "scheduler/admission.h"
 #include "scheduler/cron.h"
+#include "schema/attempt_end.h"
 #include "schema/catalog.h"
 
 namespace trnflow::scheduler {
@@ -128,9 +130,22 @@ int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point n
         so.workdir = s.workdir;
         for (SysTime slot : fire) {
           so.seed = static_cast<int64_t>(epoch(slot));  // each slot its own market
-          if (int64_t run = c.FireSchedule(s.name, epoch(slot), *loaded.pipeline, so)) {
-            ++fired;
-            log->info("schedule={} slot={} run={}", s.name, static_cast<int64_t>(epoch(slot)), run);
+          // Admitted by the budget like any submission (admission.h); a refused slot is
+          // recorded as an event of the project and not tried again.
+          PlanForAdmission(c, *loaded.pipeline, &so);
+          try {
+            if (int64_t run = c.FireSchedule(s.name, epoch(slot), *loaded.pipeline, so)) {
+              ++fired;
+              log->info("schedule={} slot={} run={}", s.name, static_cast<int64_t>(epoch(slot)),
+                        run);
+            }
+          } catch (const Refused& e) {
+            log->warn("schedule={} slot={} refused: {}", s.name,
+                      static_cast<int64_t>(epoch(slot)), e.what());
+            c.InsertEvent(0, 0, "budget",
+                          "schedule " + s.name + " did not fire: " + std::string(e.what()),
+                          nlohmann::json{{"project", s.project}, {"schedule", s.name}}.dump(),
+                          s.project);
           }
         }
       }
@@ -190,38 +205,29 @@ void Scheduler::Loop() {
       {"rescuer", options_.rescue_every_s,
        [&](schema::Catalog& c) {
          int n = c.RescueExpiredLeases([&](const schema::ExpiredLease& e) {
-           RetryDecision d = DecideAfterAttempt(e.spec, e.market, Outcome::kLost, e.errors,
-                                                e.preemptions, unit(rng));
-           schema::AttemptResult r;
-           r.stage_id = e.stage_id;
-           r.attempt = e.attempt;
-           r.lease_owner = e.lease_owner;
-           r.outcome = Outcome::kLost;
-           r.next_state = d.next;
-           r.next_market = d.market;
-           r.retry_in_s = d.retry_in_s / std::max(1e-9, e.speed);  // the run's clock
-           r.sim_seconds = e.sim_seconds;
-           r.billed_seconds = BilledSeconds(e.sim_seconds);
-           r.cost = Charge(e.price_per_hour, e.instance_count, e.sim_seconds);
-           // What the attempt checkpointed is kept (the next attempt resumes there); the work
-           // after it is redone, so wasted. An attempt that never reported progress lost all.
-           double worked = e.live_progress - e.progress_from;
-           double kept = std::max(0.0, e.progress - e.progress_from);
-           double lost = worked > 0 ? std::clamp((worked - kept) / worked, 0.0, 1.0) : 1.0;
-           r.wasted = Money::FromMicros(std::llround(static_cast<double>(r.cost.micros()) * lost));
-           r.baseline = r.cost;
-           r.progress_to = e.progress;
+           schema::AttemptFacts f{e.stage_id,    e.attempt, e.lease_owner, &e.spec,
+                                  e.market,      e.errors,  e.preemptions, e.speed,
+                                  e.price_per_hour, e.instance_count, e.run_cancelled};
+           schema::AttemptEnding end;
+           end.outcome = Outcome::kLost;
+           end.sim_seconds = e.sim_seconds;
+           end.progress_to = e.progress;  // what it checkpointed: the next attempt starts there
+           end.lost_fraction = schema::LostFraction(e.progress_from, e.progress, e.live_progress);
            char buf[200];
            std::snprintf(buf, sizeof buf,
                          "lost: its worker stopped heartbeating (billed to the last heartbeat, "
                          "%.2f simulated hours); resumes from %.1f%%",
                          e.sim_seconds / 3600, 100 * e.progress);
-           r.message = std::string(buf) + "; " + d.reason;
+           end.message = buf;
+           schema::AttemptResult r = schema::EndAttempt(f, end, unit(rng));
            Logger("scheduler.rescuer")
-               ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt, ToString(d.next));
+               ->warn("lost stage={} attempt={} next={}", e.stage_id, e.attempt,
+                      ToString(r.next_state));
            return r;
          });
          if (n) Logger("scheduler.rescuer")->info("rescued={}", n);
+         if (int h = c.ReleaseDeadHolds())
+           Logger("scheduler.rescuer")->info("released runs={} whose foreground process is gone", h);
        }},
       {"cron", options_.cron_every_s,
        [&](schema::Catalog& c) {

@@ -34,6 +34,13 @@ struct SubmitOptions {
   int64_t seed = 1;
   std::string workdir;                    // where run: commands start
   bool retry_failed_compilation = false;  // compile keys that failed before are tried again
+  // Budget admission (in SQL, trnflow.admit_run): the plan's cost (unset: SQL's own floor, a
+  // billing minute per stage), how many stages it counted at the billing minimum, and whether
+  // to skip admission (`--force`).
+  std::optional<Money> planned_cost;
+  int unknown_stages = 0;
+  bool force = false;
+  bool hold = false;  // a foreground `trnflow run` executes it: daemon workers skip its stages
 };
 
 // A stage this worker now holds a lease on, with everything needed to run it.
@@ -128,6 +135,18 @@ struct LiveWorker {
   std::map<std::string, int> in_use;  // pool -> instances its running stages hold
   int64_t only_run = 0;               // runs this run's stages only; 0: any run
   double heartbeat_age_s = 0;
+  double lease_s = 15;                // silent for longer than this: dead
+};
+
+// The process holding a run (`trnflow run`, `watch --execute`), as its heartbeats tell.
+struct RunHolder {
+  bool registered = false;  // false: the run was submitted held, its worker never registered
+  std::string host;
+  int pid = 0;
+  double heartbeat_age_s = -1;
+  bool stopped = false;
+  double lease_s = 15;
+  bool gone() const { return !registered || stopped || heartbeat_age_s > lease_s; }
 };
 
 struct StageWait {
@@ -265,8 +284,10 @@ struct ExpiredLease {
   double live_progress = -1;  // how far its last heartbeat said it was; < 0: never said
   int instance_count = 1;
   Money price_per_hour;
-  double sim_seconds = 0;  // simulated time from the attempt's start to its last heartbeat
+  double sim_seconds = 0;  // billable: to its last heartbeat (trnflow.billable_sim_seconds)
   double speed = 1;        // the run's simulated seconds per wall second
+  bool run_cancelled = false;  // its run was cancelled (or stopped over budget)
+  std::string cancel_reason;   // "cancelled" or "budget_exceeded"
 };
 
 struct BudgetRow {
@@ -395,11 +416,18 @@ class Catalog {
 
   // --- workers ----------------------------------------------------------------------------
   // only_run: the worker runs that run's stages only (`trnflow run`); 0: any run.
+  // Such a worker holds its run: daemon workers skip its stages. lease_s: how long it may go
+  // without a heartbeat before it is dead.
   void RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
                       const std::string& pools_json, int64_t only_run = 0,
-                      const std::string& home = "");
+                      const std::string& home = "", double lease_s = 15);
   // Workers that heartbeated in the last `max_age_s` seconds and have not stopped.
   std::vector<LiveWorker> LiveWorkers(double max_age_s);
+  // Removes workers that are not live (all; or those whose id or host is `which`); returns
+  // them as "host pid id".
+  std::vector<std::string> ForgetWorkers(const std::string& which);
+  // Who holds a run (a foreground `trnflow run` or `watch --execute`); nullopt: nobody.
+  std::optional<RunHolder> HolderOf(int64_t run_id);
   // What a stage waits for (`trnflow explain`); nullopt: the run has no such stage.
   std::optional<StageWait> ExplainStage(int64_t run_id, const std::string& stage);
   void StopWorker(const std::string& worker_id);
@@ -443,6 +471,10 @@ class Catalog {
                              const std::vector<ClaimRequest>& claims,
                              const std::string& worker_id, const std::string& worker_name,
                              double lease_s, int64_t only_run = 0);
+
+  // Releases runs whose holder (`trnflow run`, `watch --execute`) is gone: daemon workers may
+  // take their stages. Returns how many.
+  int ReleaseDeadHolds();
 
   // --- scheduler --------------------------------------------------------------------------
   // Takes or confirms leadership: an EXCLUSIVE lock on trnflow.leader_lock, held by an open

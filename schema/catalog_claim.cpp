@@ -338,6 +338,15 @@ int Catalog::PromoteRetries() {
   });
 }
 
+int Catalog::ReleaseDeadHolds() {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    int n = impl_->Exec(tx, "ReleaseDeadHolds")[0][0].as<int>();
+    tx.commit();
+    return n;
+  });
+}
+
 int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const ExpiredLease&)>& decide) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
@@ -365,6 +374,8 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
       e.speed = row[12].as<double>();
       e.progress_from = row[13].as<double>();
       e.live_progress = row[14].as<double>();
+      e.run_cancelled = row[15].as<bool>();
+      e.cancel_reason = row[16].as<std::string>();
       results.push_back(decide(e));
     }
     auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);

@@ -47,14 +47,19 @@ int64_t Catalog::Impl::Submit(pqxx::work& tx, const pipelines::Pipeline& p,
       dep_from.push_back(position.at(s.spec.name));
       dep_to.push_back(position.at(n));
     }
-  return Exec(tx, "SubmitRun", project, p.name, p.spec_hash, p.source, params.dump(), o.speed,
+  int64_t run_id = Exec(tx, "SubmitRun", project, p.name, p.spec_hash, p.source, params.dump(), o.speed,
               o.seed, p.spot_rate_multiplier,
               p.budget ? std::optional<std::string>(p.budget->ToDecimal()) : std::nullopt,
               o.workdir, o.retry_failed_compilation, TextArray(names), TextArray(kinds),
               TextArray(pools), TextArray(types), NumberArray(counts), TextArray(markets),
               NumberArray(pending), TextArray(specs), NumberArray(dep_from),
-              NumberArray(dep_to))[0][0]
+              NumberArray(dep_to),
+              o.planned_cost ? std::optional<std::string>(o.planned_cost->ToDecimal())
+                             : std::nullopt,
+              o.unknown_stages, o.force)[0][0]
       .as<int64_t>();
+  if (o.hold) Exec(tx, "HoldRun", run_id);
+  return run_id;
 }
 
 int64_t Catalog::SubmitRun(const pipelines::Pipeline& p, const SubmitOptions& o) {

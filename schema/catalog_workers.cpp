@@ -11,10 +11,10 @@ namespace trnflow::schema {
 
 void Catalog::RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
                              const std::string& pools_json, int64_t only_run,
-                             const std::string& home) {
+                             const std::string& home, double lease_s) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home);
+    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home, lease_s);
     tx.commit();
   });
 }
@@ -32,12 +32,41 @@ std::vector<LiveWorker> Catalog::LiveWorkers(double max_age_s) {
       for (auto it = pools.begin(); it != pools.end(); ++it) w.pools[it.key()] = it->get<int>();
       w.only_run = row[4].as<int64_t>();
       w.heartbeat_age_s = row[5].as<double>();
-      auto in_use = nlohmann::json::parse(row[6].as<std::string>());
+      w.lease_s = row[6].as<double>();
+      auto in_use = nlohmann::json::parse(row[7].as<std::string>());
       for (auto it = in_use.begin(); it != in_use.end(); ++it)
         w.in_use[it.key()] = static_cast<int>(it->get<double>());
       out.push_back(std::move(w));
     }
     return out;
+  });
+}
+
+std::vector<std::string> Catalog::ForgetWorkers(const std::string& which) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::vector<std::string> out;
+    for (const auto& row : impl_->Exec(tx, "ForgetWorkers", which))
+      out.push_back(row[1].as<std::string>() + " " + row[2].as<std::string>() + " " +
+                    row[0].as<std::string>());
+    tx.commit();
+    return out;
+  });
+}
+
+std::optional<RunHolder> Catalog::HolderOf(int64_t run_id) {
+  return impl_->Guard([&]() -> std::optional<RunHolder> {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "RunHolder", run_id);
+    if (r.empty()) return std::nullopt;
+    RunHolder h;
+    h.host = r[0][0].as<std::string>();
+    h.pid = r[0][1].as<int>();
+    h.heartbeat_age_s = r[0][2].as<double>();
+    h.stopped = r[0][3].as<bool>();
+    h.lease_s = r[0][4].as<double>();
+    h.registered = r[0][5].as<bool>();
+    return h;
   });
 }
 

@@ -43,7 +43,7 @@ const std::map<std::string, Meta>& Known() {
       {"trnflow_budget_spent_usd", {"gauge", "What a project's budget period has spent (ledger)."}},
       {"trnflow_budget_forecast_usd",
        {"gauge", "Month-end forecast of a monthly budget's spend at its rate so far."}},
-      {"trnflow_workers", {"gauge", "Workers not stopped, live (heartbeat within 60 s) or stale."}},
+      {"trnflow_workers", {"gauge", "Workers not stopped that heartbeated in the last day: live (within their lease) or dead."}},
       {"trnflow_worker_heartbeat_age_seconds_max",
        {"gauge", "Age of the oldest heartbeat among workers not stopped."}},
       {"trnflow_pool_capacity_instances", {"gauge", "Instances live workers offer, by pool."}},

@@ -23,6 +23,7 @@
 #include "common/retry_policy.h"
 #include "common/sha256.h"
 #include "nlohmann/json.hpp"
+#include "schema/attempt_end.h"
 #include "schema/catalog.h"
 #include "sim/catalog.h"
 #include "sim/feasibility.h"
@@ -351,16 +352,14 @@ struct Worker::Impl {
   // Gives a claimed stage back without running it: ready again after a short wait, the attempt
   // closed as cancelled (no bill, not counted against any budget).
   void HandBack(const schema::ClaimedStage& c, const std::string& why) {
-    schema::AttemptResult r;
-    r.stage_id = c.stage_id;
-    r.attempt = c.attempt;
-    r.lease_owner = id;
-    r.outcome = Outcome::kCancelled;
-    r.next_state = StageState::kRetryWait;
-    r.next_market = c.market;
-    r.retry_in_s = 1;
-    r.progress_to = c.progress;
-    r.message = why;
+    schema::AttemptEnding e;
+    e.outcome = Outcome::kCancelled;
+    e.ran_instance = false;
+    e.next = StageState::kRetryWait;
+    e.retry_in_s = 1;
+    e.progress_to = c.progress;
+    e.message = why;
+    schema::AttemptResult r = schema::EndAttempt(FactsOf(c, false), e, 0);
     {
       std::scoped_lock lock(mu);
       results.push_back(std::move(r));
@@ -849,37 +848,35 @@ struct Worker::Impl {
     return RunSingleFlight(cat, ctx, c, w);
   }
 
+  // What the claim knew, for EndAttempt.
+  schema::AttemptFacts FactsOf(const schema::ClaimedStage& c, bool run_cancelled) const {
+    return {c.stage_id,       c.attempt,      id,     &c.spec,      c.market,      c.errors,
+            c.preemptions,    c.speed,        c.price_per_hour,     c.instance_count,
+            run_cancelled};
+  }
+
+  // The attempt's end as its executor returned it, and why it was stopped (if it was).
   schema::AttemptResult ToResult(const schema::ClaimedStage& c, const ExecResult& er,
                                  StopReason why) {
-    schema::AttemptResult r;
-    r.stage_id = c.stage_id;
-    r.attempt = c.attempt;
-    r.lease_owner = id;
-    r.outcome = er.outcome;
-    r.sim_seconds = er.sim_seconds;
-    r.progress_to = er.progress_to;
-    r.message = er.message;
-    if (why == StopReason::kBudgetExceeded) r.outcome = Outcome::kBudgetExceeded;
-    if (why == StopReason::kShutdown) {
-      r.outcome = Outcome::kCancelled;
-      r.next_state = StageState::kReady;
-      r.next_market = c.market;
-      r.message = "worker shut down; stage handed back";
-    } else {
-      double jitter;
-      {
-        std::scoped_lock lock(mu);
-        jitter = std::uniform_real_distribution<double>(0, 1)(rng);
-      }
-      RetryDecision d =
-          DecideAfterAttempt(c.spec, c.market, r.outcome, c.errors, c.preemptions, jitter);
-      r.next_state = d.next;
-      r.next_market = d.market;
-      // Backoff is in the run's clock: simulated seconds, passing `speed` times faster.
-      r.retry_in_s = d.retry_in_s / std::max(1e-9, c.speed);
-      if (!d.reason.empty() && er.outcome != Outcome::kSucceeded)
-        r.message += (r.message.empty() ? "" : "; ") + d.reason;
+    schema::AttemptEnding e;
+    e.outcome = why == StopReason::kBudgetExceeded ? Outcome::kBudgetExceeded : er.outcome;
+    e.ran_instance = er.ran_instance;
+    e.sim_seconds = er.sim_seconds;
+    e.progress_to = er.progress_to;
+    e.lost_fraction = er.lost_fraction;
+    e.message = er.message;
+    if (why == StopReason::kShutdown) {  // handed back: ready again at once, on its market
+      e.outcome = Outcome::kCancelled;
+      e.next = StageState::kReady;
+      e.message = "worker shut down; stage handed back";
     }
+    double jitter;
+    {
+      std::scoped_lock lock(mu);
+      jitter = std::uniform_real_distribution<double>(0, 1)(rng);
+    }
+    bool cancelled = why == StopReason::kCancelled || why == StopReason::kBudgetExceeded;
+    schema::AttemptResult r = schema::EndAttempt(FactsOf(c, cancelled), e, jitter);
     r.output_digest = er.output_digest;
     if (r.outcome == Outcome::kCached) {
       // Served from the cache: no instance, and the work it spared is saved. A compile is
@@ -890,12 +887,6 @@ struct Worker::Impl {
         r.saved =
             Charge(c.price_per_hour, c.instance_count,
                    sim::EstimateCompile(sim::WorkloadFromJson(c.spec.workload_json), *t).seconds);
-    }  // No instance ran when capacity was unavailable or the cache answered: nothing to bill.
-    if (er.ran_instance && r.outcome != Outcome::kCapacityUnavailable) {
-      r.billed_seconds = BilledSeconds(er.sim_seconds);
-      r.cost = Charge(c.price_per_hour, c.instance_count, er.sim_seconds);
-      r.wasted = Money::FromMicros(static_cast<int64_t>(
-          std::llround(r.cost.micros() * std::clamp(er.lost_fraction, 0.0, 1.0))));
     }
     r.baseline = BaselineCost(c, er, r.cost, r.wasted);
     return r;
@@ -963,7 +954,8 @@ void Worker::Start() {
   std::unique_ptr<schema::Catalog> cat;
   w.WithCatalog(cat, "register", [&](schema::Catalog& c) {
     c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump(),
-                     w.opt.only_run, std::filesystem::absolute(w.opt.home).string());
+                     w.opt.only_run, std::filesystem::absolute(w.opt.home).string(),
+                     w.opt.lease_s);
   });
   w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
   w.claiming = true;

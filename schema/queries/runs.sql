@@ -4,9 +4,12 @@ INSERT INTO trnflow.projects (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 -- name: SubmitRun
 -- The pipeline, the run, its stages and their needs in one call that checks, in SQL, that
 -- this login may submit to the project and that the project's quotas allow it.
+-- Budget admission is in it too (trnflow.admit_run, migration 0024): $22 the plan's cost
+-- (NULL: unknown), $23 how many of its stages are of unknown length, $24 forced.
 SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $10, $11,
                           $12::text[], $13::text[], $14::text[], $15::text[], $16::int[],
-                          $17::text[], $18::int[], $19::jsonb[], $20::int[], $21::int[]);
+                          $17::text[], $18::int[], $19::jsonb[], $20::int[], $21::int[],
+                          $22::numeric, $23::int, $24::boolean);
 
 -- name: ListRuns
 -- Runs newest first: $1 project, $2 state ('' = any), $3 at most, $4 one run (0 = any),
@@ -14,10 +17,7 @@ SELECT trnflow.submit_run($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9::numeric, $1
 SELECT r.id, r.project, p.name, r.state, r.speed, r.seed, r.workdir,
        to_char(r.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
        coalesce(to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
-       (coalesce((SELECT sum(a.cost_usd) FROM trnflow.attempts a WHERE a.run_id = r.id), 0)
-        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
-                                                        a.price_usd_hour, a.cap_usd))
-                    FROM trnflow.open_attempts a WHERE a.run_id = r.id), 0))::text,
+       trnflow.run_spent_usd(r.id)::text,
        coalesce(r.budget_usd::text, ''),
        extract(epoch FROM (coalesce(r.finished_at, now()) - r.created_at)),
        coalesce(r.cancel_reason, ''),
@@ -44,8 +44,7 @@ WITH a AS (
   GROUP BY a.stage_id
 ), open AS (  -- the attempts running now (ledger rows are written when they close)
   SELECT a.stage_id,
-         trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count, a.price_usd_hour,
-                                  a.cap_usd) AS running
+         a.cost_so_far_usd AS running
   FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
   WHERE a.run_id = $1
 ), needs AS (
@@ -135,19 +134,12 @@ SELECT trnflow.reset_stages($1, $2);
 
 -- name: ProjectBudgets
 -- Each budget with its project's spend in the current period: closed attempts from the
--- rollup, plus running attempts charged for the simulated time they have run so far.
+-- rollup, plus running attempts to their last heartbeat (trnflow.project_spent_usd, 0024).
 SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
        (b.notified_period IS NOT DISTINCT FROM ps.start) AS same_period,
-       (coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
-                  WHERE project = b.project AND day >= ps.start::date), 0)
-        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
-                                                        a.price_usd_hour, a.cap_usd))
-                    FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
-                    WHERE r.project = b.project), 0))::numeric(18,6)::text
+       trnflow.project_spent_usd(b.project, ps.start)::numeric(18,6)::text
 FROM trnflow.budgets b,
-     LATERAL (SELECT CASE WHEN b.period = 'month'
-                          THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
-                          ELSE '-infinity'::timestamptz END AS start) ps
+     LATERAL (SELECT trnflow.budget_period_start(b.period) AS start) ps
 WHERE ($1 = '' OR b.project = $1)
 ORDER BY b.project;
 
@@ -163,11 +155,7 @@ WHERE project = $1;
 -- Running runs with a budget_usd, what they have spent (running attempts included) and the
 -- highest threshold already announced.
 SELECT r.id, r.project, r.budget_usd::text, coalesce(n.percent, 0),
-       (coalesce((SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = r.id), 0)
-        + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
-                                                        a.price_usd_hour, a.cap_usd))
-                    FROM trnflow.open_attempts a WHERE a.run_id = r.id), 0)
-       )::numeric(18,6)::text
+       trnflow.run_spent_usd(r.id)::numeric(18,6)::text
 FROM trnflow.runs r
 LEFT JOIN trnflow.run_budget_notices n ON n.run_id = r.id
 WHERE r.state = 'running' AND r.budget_usd IS NOT NULL;
@@ -248,8 +236,7 @@ SELECT trnflow.has_role(session_user, trnflow.daemon_role())
 
 -- name: RunningSpend
 -- Attempts still open and what they have cost so far ($1 project, $2 pipeline; '' = any).
-SELECT count(*), coalesce(sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
-                                                       a.price_usd_hour, a.cap_usd)), 0)::text
+SELECT count(*), coalesce(sum(a.cost_so_far_usd), 0)::text
 FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
 JOIN trnflow.pipelines p ON p.id = r.pipeline_id
 WHERE ($1 = '' OR r.project = $1) AND ($2 = '' OR p.name = $2);

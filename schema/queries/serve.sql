@@ -138,8 +138,7 @@ SELECT 'trnflow_billed_seconds_total', jsonb_build_object('instance_type', a.ins
 FROM trnflow.attempts a WHERE a.outcome IS NOT NULL GROUP BY a.instance_type
 UNION ALL
 SELECT 'trnflow_running_spend_usd', jsonb_build_object('project', r.project)::text,
-       coalesce(sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
-                                             a.price_usd_hour, a.cap_usd)), 0)::float8
+       coalesce(sum(a.cost_so_far_usd), 0)::float8
 FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
 GROUP BY r.project
 UNION ALL
@@ -198,8 +197,8 @@ FROM trnflow.budgets b,
                 AND a.finished_at >= ps.start) bs
 -- The month-end forecast and its band come from BudgetForecasts (below), added by the dashboard.
 UNION ALL
-SELECT 'trnflow_workers', jsonb_build_object('state', CASE WHEN w.heartbeat_at > now() - interval '60 seconds'
-                                                          THEN 'live' ELSE 'stale' END)::text,
+SELECT 'trnflow_workers', jsonb_build_object('state', CASE WHEN w.heartbeat_at >= now() - make_interval(secs => coalesce(w.lease_s, 15))
+                                                          THEN 'live' ELSE 'dead' END)::text,
        count(*)::float8
 FROM trnflow.workers w WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - interval '1 day'
 GROUP BY 2
@@ -211,7 +210,8 @@ UNION ALL
 SELECT 'trnflow_pool_capacity_instances', jsonb_build_object('pool', p.key)::text,
        sum(p.value::text::float8)
 FROM trnflow.workers w, jsonb_each(w.pools) p
-WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - interval '60 seconds'
+WHERE w.stopped_at IS NULL
+  AND w.heartbeat_at >= now() - make_interval(secs => coalesce(w.lease_s, 15))
 GROUP BY p.key
 UNION ALL
 SELECT 'trnflow_schedules', jsonb_build_object('state', CASE WHEN s.paused THEN 'paused' ELSE 'active' END)::text,
@@ -242,9 +242,7 @@ FROM trnflow.budgets b,
                        AT TIME ZONE 'UTC' AS next) ps,
      LATERAL (SELECT coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
                                WHERE project = b.project AND day >= ps.start::date), 0) AS closed,
-                     coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed,
-                                                                   a.instance_count,
-                                                                   a.price_usd_hour, a.cap_usd))
+                     coalesce((SELECT sum(a.cost_so_far_usd)
                                FROM trnflow.open_attempts a
                                JOIN trnflow.runs r ON r.id = a.run_id
                                WHERE r.project = b.project), 0)

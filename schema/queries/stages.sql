@@ -131,23 +131,28 @@ WITH input AS (
          baseline_micros, output_digest)),
 updated AS (
   UPDATE trnflow.stages s
-  SET state = i.new_state, market = i.new_market, lease_owner = NULL, lease_expires_at = NULL,
+  SET state = trnflow.closing_state(i.new_state, s.stop_reason, r.state),
+      market = i.new_market, lease_owner = NULL, lease_expires_at = NULL, stop_reason = NULL,
       progress = CASE WHEN i.new_state IN ('succeeded', 'cached') THEN 1 ELSE i.progress_to END,
       errors = s.errors + CASE WHEN i.outcome IN ('failed', 'timeout', 'infra_error',
                                                   'user_error') THEN 1 ELSE 0 END,
       preemptions = s.preemptions + CASE WHEN i.outcome IN ('spot_interruption',
                                     'capacity_unavailable', 'lost') THEN 1 ELSE 0 END,
-      ready_at = CASE WHEN i.new_state = 'retry_wait'
-                      THEN now() + make_interval(secs => i.retry_in_s)
-                      WHEN i.new_state = 'ready' THEN now() ELSE s.ready_at END,
-      retry_at = CASE WHEN i.new_state = 'retry_wait'
-                      THEN now() + make_interval(secs => i.retry_in_s) END,
-      finished_at = CASE WHEN i.new_state IN ('succeeded', 'cached', 'failed', 'cancelled')
-                         THEN now() END,
+      ready_at = CASE trnflow.closing_state(i.new_state, s.stop_reason, r.state)
+                   WHEN 'retry_wait' THEN now() + make_interval(secs => i.retry_in_s)
+                   WHEN 'ready' THEN now() ELSE s.ready_at END,
+      retry_at = CASE trnflow.closing_state(i.new_state, s.stop_reason, r.state)
+                   WHEN 'retry_wait' THEN now() + make_interval(secs => i.retry_in_s) END,
+      finished_at = CASE WHEN trnflow.closing_state(i.new_state, s.stop_reason, r.state)
+                              IN ('succeeded', 'cached', 'failed', 'cancelled') THEN now() END,
       output_digest = CASE WHEN i.new_state IN ('succeeded', 'cached')
                            THEN NULLIF(i.output_digest, '') END
-  FROM input i
-  WHERE s.id = i.stage_id AND s.state = 'running' AND s.attempts = i.attempt
+  -- Cancel wins (trnflow.closing_state, migration 0024): a stage of a cancelled run never goes
+  -- back to the queue. stop_reason is the stage row's own mark (cancel_run sets it), so a cancel
+  -- that commits while this statement waits for the row is seen; the run's state covers one
+  -- that committed before it began.
+  FROM input i, trnflow.runs r
+  WHERE s.id = i.stage_id AND r.id = s.run_id AND s.state = 'running' AND s.attempts = i.attempt
     AND s.lease_owner = i.owner
   RETURNING s.id, s.run_id, s.state, s.project, s.pool, s.priority, s.ready_at,
             i.attempt, i.outcome, i.sim_seconds, i.billed_seconds,
@@ -239,16 +244,17 @@ SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 
 -- name: ExpiredLeases
 -- Running stages whose worker stopped renewing; locked so one rescuer handles each. They are
--- billed up to their last heartbeat (what anyone knows ran), never past their spend cap.
+-- billed up to their last heartbeat (what anyone knows ran), never past their spend cap: the
+-- figure open_attempts showed live. Also says whether their run was cancelled (and why).
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
        (s.attempt_price_usd_hour * 1000000)::bigint,
-       least(greatest(extract(epoch FROM (coalesce(s.heartbeat_at, s.attempt_started_at)
-                                          - s.attempt_started_at)), 0) * r.speed,
-             coalesce((s.attempt_cap_usd * 3600
-                       / nullif(s.attempt_price_usd_hour * s.instance_count, 0))::float8,
-                      'infinity')),  -- never past its spend cap
-       s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1)
+       trnflow.billable_sim_seconds(s.attempt_started_at, s.heartbeat_at, s.live_sim_seconds,
+                                    r.speed, s.instance_count, s.attempt_price_usd_hour,
+                                    s.attempt_cap_usd),  -- as open_attempts counts it live
+       s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1),
+       (r.state = 'cancelled' OR s.stop_reason IS NOT NULL),
+       coalesce(s.stop_reason, r.cancel_reason, '')
 FROM trnflow.running_stages q
 JOIN trnflow.stages s ON s.id = q.stage_id
 JOIN trnflow.runs r ON r.id = s.run_id
@@ -265,3 +271,19 @@ WHERE s.id = $1 AND s.state = 'running' AND s.attempts = $2 AND s.lease_owner = 
 -- name: EndMemberBlockers
 -- Members' sessions a daemon has waited on for longer than $1 seconds, ended (migration 0023).
 SELECT pid, member, waited_s FROM trnflow.end_member_blockers($1);
+
+-- name: ReleaseDeadHolds
+-- Runs whose holder (`trnflow run`, `watch --execute`) stopped or went silent for longer than
+-- its lease (or never registered within one) are released: daemon workers may take their stages
+-- now. Wakes the pools of their ready stages.
+WITH released AS (
+  DELETE FROM trnflow.held_runs h
+  WHERE NOT EXISTS (SELECT 1 FROM trnflow.workers w
+                    WHERE w.id = h.worker_id AND w.stopped_at IS NULL
+                      AND w.heartbeat_at >= now() - make_interval(secs => coalesce(w.lease_s, 15)))
+    AND h.since < now() - interval '15 seconds'
+  RETURNING h.run_id),
+notified AS (
+  SELECT pg_notify('trnflow_ready', pool)
+  FROM (SELECT DISTINCT q.pool FROM trnflow.ready_stages q JOIN released r ON r.run_id = q.run_id) p)
+SELECT (SELECT count(*) FROM released), (SELECT count(*) FROM notified);

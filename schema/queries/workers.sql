@@ -1,6 +1,36 @@
 -- name: RegisterWorker
-INSERT INTO trnflow.workers (id, host, pid, pools, only_run, home)
-VALUES ($1::uuid, $2, $3, $4::jsonb, NULLIF($5::bigint, 0), NULLIF($6, ''));
+-- A worker that runs one run only (`trnflow run`, `watch --execute`) holds it: daemon workers
+-- skip its stages (trnflow.held_runs, migration 0024).
+WITH registered AS (
+  INSERT INTO trnflow.workers (id, host, pid, pools, only_run, home, lease_s)
+  VALUES ($1::uuid, $2, $3, $4::jsonb, NULLIF($5::bigint, 0), NULLIF($6, ''), $7)
+  RETURNING id, only_run)
+INSERT INTO trnflow.held_runs (run_id, worker_id)
+SELECT only_run, id FROM registered WHERE only_run IS NOT NULL
+ON CONFLICT (run_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, since = now();
+
+-- name: HoldRun
+-- A run submitted by a foreground `trnflow run`: held from its first instant, before its
+-- worker registers.
+INSERT INTO trnflow.held_runs (run_id) VALUES ($1) ON CONFLICT (run_id) DO NOTHING;
+
+-- name: ForgetWorkers
+-- Removes workers that are not live (stopped, or silent for longer than their lease): all of
+-- them ($1 = ''), or those whose id or host is $1.
+DELETE FROM trnflow.workers
+WHERE (stopped_at IS NOT NULL
+       OR heartbeat_at < now() - make_interval(secs => coalesce(lease_s, 15)))
+  AND ($1 = '' OR id::text = $1 OR host = $1)
+RETURNING id::text, host, pid;
+
+-- name: RunHolder
+-- The process that holds a run (`trnflow run`, `watch --execute`): host, pid, seconds since its
+-- last heartbeat, whether it stopped, its lease. No row: nobody holds it.
+SELECT coalesce(w.host, ''), coalesce(w.pid, 0),
+       coalesce(extract(epoch FROM (now() - w.heartbeat_at))::float8, -1),
+       w.stopped_at IS NOT NULL, coalesce(w.lease_s, 15), w.id IS NOT NULL
+FROM trnflow.held_runs h LEFT JOIN trnflow.workers w ON w.id = h.worker_id
+WHERE h.run_id = $1;
 
 -- name: WorkerHeartbeat
 UPDATE trnflow.workers SET heartbeat_at = now() WHERE id = $1::uuid;
@@ -10,9 +40,9 @@ UPDATE trnflow.workers SET stopped_at = now() WHERE id = $1::uuid;
 
 -- name: LiveWorkers
 -- Workers that heartbeated in the last $1 seconds and have not stopped, with what they run now
--- (instances in use per pool).
+-- (instances in use per pool) and their lease (a worker silent for longer is dead).
 SELECT w.id::text, w.host, w.pid, w.pools::text, coalesce(w.only_run, 0),
-       extract(epoch FROM (now() - w.heartbeat_at))::float8,
+       extract(epoch FROM (now() - w.heartbeat_at))::float8, coalesce(w.lease_s, 15),
        coalesce((SELECT jsonb_object_agg(u.pool, u.used)::text
                  FROM (SELECT s.pool, sum(s.instance_count) AS used
                        FROM trnflow.running_stages q JOIN trnflow.stages s ON s.id = q.stage_id

@@ -35,7 +35,7 @@ function micros(usd) { return Math.round((usd || 0) * 1e6); }
 function dollarsMicros(m) {
   const a = Math.abs(m);
   const cents = Math.floor((a + 5000) / 10000);
-  return (m < 0 ? '-' : '') + '$' + Math.floor(cents / 100) + '.' + String(cents % 100).padStart(2, '0');
+  return (m < 0 && cents > 0 ? '-' : '') + '$' + Math.floor(cents / 100) + '.' + String(cents % 100).padStart(2, '0');
 }
 function dollars(usd) { return dollarsMicros(micros(usd)); }
 
@@ -59,7 +59,11 @@ async function apiAnswer(path) {
     latest: Number(r.headers.get('X-Trnflow-Latest') || 0) };
 }
 
-function stateBadge(state) { return el('span', { class: 'state state-' + state }, state); }
+// A run stopped by its budget is "over budget", as the CLI says; its state stays `cancelled`.
+function stateBadge(state, r) {
+  const word = r && r.cancel_reason === 'budget_exceeded' ? 'over budget' : state;
+  return el('span', { class: 'state state-' + state }, word);
+}
 
 function showError(e) {
   const main = document.getElementById('main');
@@ -519,7 +523,8 @@ async function pageRun(main, id) {
     // Matrix stages shown one by one: each may be folded again.
     const folded = [...new Set(run.stages.map(s => matrixBase(s.name)).filter(b => b && (expanded.has('all') || expanded.has(b))))];
     main.replaceChildren(
-      el('h1', {}, `Run ${r.run_id} · ${r.pipeline} `, stateBadge(r.state)),
+      el('h1', {}, `Run ${r.run_id} · ${r.pipeline} `, stateBadge(r.state, r)),
+      r.holder_gone ? el('p', { class: 'notice', id: 'run-holder-gone' }, r.holder_gone) : null,
       el('div', { class: 'cards' },
         el('div', { class: 'card' }, 'Project', el('b', {}, r.project)),
         el('div', { class: 'card' }, 'Spent', el('b', { id: 'run-cost' }, dollarsMicros(total))),

@@ -1,9 +1,9 @@
-#include "cli/plan_estimate.h"
+#include "scheduler/admission.h"
 
 #include <map>
 #include <vector>
 
-namespace trnflow::cli {
+namespace trnflow::scheduler {
 
 pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog) {
   if (!catalog) return pipelines::MakePlan(p);
@@ -25,4 +25,16 @@ pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* cata
   return pipelines::MakePlan(p, in);
 }
 
-}  // namespace trnflow::cli
+std::optional<pipelines::Plan> PlanForAdmission(schema::Catalog& catalog,
+                                                const pipelines::Pipeline& p,
+                                                schema::SubmitOptions* o) {
+  if (o->force) return std::nullopt;
+  const std::string& project = o->project.empty() ? p.project : o->project;
+  if (!p.budget && catalog.ProjectBudgets(project).empty()) return std::nullopt;
+  pipelines::Plan plan = EstimatePlan(p, &catalog);
+  o->planned_cost = plan.total_cost;
+  o->unknown_stages = static_cast<int>(plan.unknown_stages.size());
+  return plan;
+}
+
+}  // namespace trnflow::scheduler
