@@ -204,6 +204,10 @@ SET max_stages_per_run = coalesce($2, max_stages_per_run),
     job_uid = coalesce($4, job_uid)
 WHERE name = $1;
 
+-- name: StageRoom
+-- The project's quotas and unfinished stages, the parser's bound before expansion (0024).
+SELECT max_stages_per_run, max_queued_stages, unfinished FROM trnflow.stage_room($1);
+
 -- name: SetJobUidRange
 -- This catalog's job uid range, claimed on the server (migration 0023).
 SELECT trnflow.set_job_uid_range($1, $2);
