@@ -629,7 +629,8 @@ class Catalog {
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);
-  // Recomputes trnflow.spend_rollup from the closed ledger rows; for ledgers loaded in bulk.
+  // Recomputes what the ledger's triggers keep from the closed ledger rows (spend_rollup and
+  // /metrics' counters, migration 0024); for ledgers loaded in bulk with the triggers off.
   void RebuildSpendRollup();
   // A statement that cannot run in a transaction (VACUUM); for maintenance and benchmarks.
   void RunOutsideTransaction(const std::string& sql);

@@ -243,6 +243,10 @@ JOIN trnflow.pipelines p ON p.id = ru.pipeline_id
 WHERE n.outcome IS NOT NULL
 GROUP BY 1, 2, 3, 4, 5, 6, 7;
 
+-- name: RebuildMetricCounters
+-- /metrics' counters, from the ledger (migration 0024), for ledgers loaded in bulk.
+SELECT trnflow.rebuild_metric_counters();
+
 -- name: CanRunStages
 -- Whether this login may claim and run stages: the daemons' role (or the schema owner).
 SELECT trnflow.has_role(session_user, trnflow.daemon_role())
