@@ -209,3 +209,21 @@ BEGIN
     PERFORM trnflow.ensure_project(p);
   END LOOP;
 END $$;
+
+-- A budget's closed spend since `start` (its period's first instant; '-infinity' for a `total`
+-- budget): a month's from the rollup's rows of this month, a total from the counters above, so
+-- neither reads more rows as history grows (a total budget summed every rollup row of its
+-- project). The same figures: both are the sums of the closed attempts' cost. Invoker's rights:
+-- row-level security decides what a member sums, as before.
+CREATE FUNCTION trnflow.closed_spend(p text, start timestamptz) RETURNS numeric
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT coalesce(CASE WHEN start = '-infinity'
+                       THEN (SELECT sum(cost_usd) FROM trnflow.attempt_counts WHERE project = p)
+                       ELSE (SELECT sum(cost_usd) FROM trnflow.spend_rollup
+                             WHERE project = p AND day >= start::date) END, 0)
+$$;
+
+-- A project's newest runs (`trnflow runs --project`, /api/runs?project=): by index, newest
+-- first, instead of walking every run's id backwards until enough of the project's are found
+-- (runs_project_created orders by created_at; the list orders by id).
+CREATE INDEX runs_project_id ON trnflow.runs (project, id DESC);

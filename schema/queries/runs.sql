@@ -135,11 +135,11 @@ SELECT trnflow.reset_stages($1, $2);
 
 -- name: ProjectBudgets
 -- Each budget with its project's spend in the current period: closed attempts from the
--- rollup, plus running attempts charged for the simulated time they have run so far.
+-- rollup (a total budget's from the counters: trnflow.closed_spend, 0024), plus running
+-- attempts charged for the simulated time they have run so far.
 SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
        (b.notified_period IS NOT DISTINCT FROM ps.start) AS same_period,
-       (coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
-                  WHERE project = b.project AND day >= ps.start::date), 0)
+       (trnflow.closed_spend(b.project, ps.start)
         + coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed, a.instance_count,
                                                         a.price_usd_hour, a.cap_usd))
                     FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id

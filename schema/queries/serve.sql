@@ -234,15 +234,15 @@ FROM trnflow.budgets b,
                           ELSE '-infinity'::timestamptz END AS start,
                      (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')
                        AT TIME ZONE 'UTC' AS next) ps,
-     LATERAL (SELECT coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
-                               WHERE project = b.project AND day >= ps.start::date), 0) AS closed,
+     -- OFFSET 0: computed once per budget, not once per expression that uses it.
+     LATERAL (SELECT trnflow.closed_spend(b.project, ps.start) AS closed,
                      coalesce((SELECT sum(trnflow.running_cost_usd(a.started_at, r.speed,
                                                                    a.instance_count,
                                                                    a.price_usd_hour, a.cap_usd))
                                FROM trnflow.open_attempts a
                                JOIN trnflow.runs r ON r.id = a.run_id
                                WHERE r.project = b.project), 0)
-                       AS committed) m,
+                       AS committed OFFSET 0) m,
      LATERAL (SELECT coalesce(stddev_pop(coalesce(d.cost, 0)), 0) AS sd
               FROM generate_series(date_trunc('month', now() AT TIME ZONE 'UTC'),
                                    date_trunc('day', now() AT TIME ZONE 'UTC'),
