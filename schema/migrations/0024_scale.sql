@@ -135,7 +135,6 @@ BEGIN
   ON CONFLICT (project, month, shard) DO UPDATE SET cost_usd = t.cost_usd + EXCLUDED.cost_usd;
   RETURN NULL;
 END $$;
-ALTER FUNCTION trnflow.count_closed_attempts() SET enable_nestloop = off;
 CREATE TRIGGER attempts_count_metrics AFTER INSERT ON trnflow.attempts
   REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT EXECUTE FUNCTION trnflow.count_closed_attempts();
