@@ -156,9 +156,11 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
         "instance_count) SELECT run_id, id, project, pool, priority, ready_at, instance_count "
         "FROM trnflow.stages WHERE run_id = " + run + " RETURNING 1");
   if (with_attempts) {
-    // History, loaded in one statement: without the rollup's trigger, which would hold every
-    // row of it in one transition table (the benchmarks that load history read no report).
+    // History, loaded in one statement: without the rollup's and the metrics' triggers, which
+    // would hold every row of it in one transition table (the benchmarks that load history read
+    // no report and scrape no /metrics).
     c.RunOutsideTransaction("ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up");
+    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_count_metrics");
     c.QueryValue(
         "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
         "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
@@ -167,6 +169,7 @@ inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& st
         "now(), 60, 60, 'succeeded', 0.002833, 0, 0, 1 FROM trnflow.stages WHERE run_id = " +
         run + " RETURNING 1");
     c.RunOutsideTransaction("ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_roll_up");
+    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_count_metrics");
   }
   return std::stoll(run);
 }

@@ -57,6 +57,21 @@ std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
   return std::move(result.pipeline);
 }
 
+std::function<pipelines::StageBound(const std::string&)> CatalogStageBound() {
+  return [](const std::string& project) {
+    if (project.empty()) return pipelines::StageBound{};  // the file is refused for it anyway
+    try {
+      auto catalog = std::make_unique<schema::Catalog>(DatabaseUrl());
+      catalog->RequireCurrentSchema();
+      auto room = catalog->GetStageRoom(project);
+      return pipelines::QuotaStageBound(project, room.max_stages_per_run, room.max_queued_stages,
+                                        room.unfinished);
+    } catch (const std::exception&) {
+      return pipelines::StageBound{};  // the default quota; submit_run checks the real one
+    }
+  };
+}
+
 void CheckPoolName(const std::string& name, const std::string& flag) {
   std::set<std::string> pools;
   for (const auto& t : sim::Catalog::Builtin().instances()) pools.insert(t.pool);

@@ -91,6 +91,10 @@ std::map<std::string, std::string> ParseParams(const std::vector<std::string>& k
 // Loads and validates; prints diagnostics (errors and warnings) to stderr. nullopt on error.
 std::optional<pipelines::Pipeline> LoadOrReport(const std::string& file,
                                                 const pipelines::LoadOptions& options);
+// A LoadOptions::stage_bound that asks the catalog (a connection of this command's login, per
+// file parsed); when the catalog cannot say (unreachable, an older schema), the default
+// quota. submit_run counts again under the project's lock, so this bound is the early refusal.
+std::function<pipelines::StageBound(const std::string&)> CatalogStageBound();
 // Opens the catalog at TRNFLOW_DATABASE_URL and checks its schema version.
 // Which login a command uses: the daemons' (or the person's own), or the schema owner's for
 // administration (`db migrate`, `project`).

@@ -32,7 +32,7 @@ int CmdValidate(const std::vector<std::string>& files, const std::string& format
   int bad = 0;
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& f : files) {
-    auto r = pipelines::LoadPipelineFile(f, {});
+    auto r = pipelines::LoadPipelineFile(f, {{}, {}, CatalogStageBound()});
     bool ok = !r.diagnostics.has_errors();
     if (!ok) ++bad;
     if (format == "json") {

@@ -213,7 +213,7 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
 }
 
 std::optional<pipelines::Pipeline> LoadForSubmit(const RunArgs& a) {
-  auto pipeline = LoadOrReport(a.file, {ParseParams(a.params), a.project});
+  auto pipeline = LoadOrReport(a.file, {ParseParams(a.params), a.project, CatalogStageBound()});
   if (pipeline) ApplySpotRateMultiplier(*pipeline);
   return pipeline;
 }

@@ -150,7 +150,7 @@ int CmdScheduleAdd(const ScheduleArgs& a) {
   CheckCronAndZone(a.cron, a.tz);
   std::string error;
   auto params = ParseParams(a.run.params);
-  auto pipeline = LoadOrReport(a.run.file, {params, a.run.project});
+  auto pipeline = LoadOrReport(a.run.file, {params, a.run.project, CatalogStageBound()});
   if (!pipeline) return kExitBadInput;
   if (!(a.run.speed > 0)) throw UserError("--speed must be a positive number");
   schema::ScheduleRow r;
@@ -253,7 +253,13 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
   auto params = StoredParams(s);
   auto next = NextSlots(s, 3);
   // The snapshot as the scheduler reads it: does it still validate with this trnflow?
-  auto loaded = pipelines::ParsePipeline(s.source, s.file, {params, s.project});
+  auto loaded = pipelines::ParsePipeline(
+      s.source, s.file, {params, s.project, [&](const std::string& project) {
+                           auto room = catalog->GetStageRoom(project);
+                           return pipelines::QuotaStageBound(project, room.max_stages_per_run,
+                                                             room.max_queued_stages,
+                                                             room.unfinished);
+                         }});
   std::string pipeline = loaded.pipeline ? loaded.pipeline->name : "";
   std::string project = !s.project.empty() ? s.project
                         : loaded.pipeline  ? loaded.pipeline->project
@@ -365,7 +371,7 @@ int CmdScheduleUpdate(const ScheduleUpdateArgs& a) {
   if (!a.tz.empty()) u.tz = a.tz;
   CheckCronAndZone(u.cron, u.tz);
   // Validated as `add` validates it; on any error nothing is written.
-  auto pipeline = LoadOrReport(path, {params, s.project});
+  auto pipeline = LoadOrReport(path, {params, s.project, CatalogStageBound()});
   if (!pipeline) return kExitBadInput;
   u.source = pipeline->source;
   u.params_json = nlohmann::json(params).dump();

@@ -2,6 +2,8 @@
 // Pipeline is a validated pipeline file: every stage resolved to a StageSpec (expressions
 // substituted, matrix expanded, defaults applied, models inherited) with the DAG between
 // them. It knows nothing of threads or SQL; the catalog stores it, workers run its specs.
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -48,9 +50,33 @@ struct Pipeline {
   const Stage* Find(const std::string& name) const;
 };
 
+// The default quota of stages per run (the projects table's max_stages_per_run default).
+inline constexpr int64_t kDefaultMaxStagesPerRun = 250000;
+
+// How many stages one run of the file may have: the least of the project's quotas (stages per
+// run; unfinished stages over its runs, less those already queued). The parser counts the
+// stages the file makes (each stage entry's matrix product, aliases included) before it
+// expands anything, and refuses past `max_stages` with `why` and `hint`.
+struct StageBound {
+  int64_t max_stages = kDefaultMaxStagesPerRun;
+  std::string why = "at most 250000 stages per run (the default quota)";
+  std::string hint =
+      "split the sweep into several runs (or an administrator raises the project's quota: "
+      "trnflow project add PROJECT --max-stages-per-run N)";
+};
+
+// The bound of `project` from its quotas: the least of its stages per run and what its
+// unfinished stages leave of its queue, with the figures and the fix.
+StageBound QuotaStageBound(const std::string& project, int64_t max_stages_per_run,
+                           int64_t max_queued_stages, int64_t unfinished);
+
 struct LoadOptions {
   std::map<std::string, std::string> params;  // --param key=value overrides
   std::string project;                        // --project
+  // The bound for the pipeline's project, asked once the project is known; unset: the default
+  // quota. The catalog's quotas come through here (cli/, scheduler/); submit_run checks them
+  // again under the project's lock.
+  std::function<StageBound(const std::string& project)> stage_bound;
 };
 
 struct LoadResult {

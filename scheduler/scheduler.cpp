@@ -119,6 +119,13 @@ int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point n
       if (params.is_object())
         for (auto& [k, v] : params.items()) opts.params[k] = v.get<std::string>();
       opts.project = s.project;
+      // Bounded before expansion (a schedule holding a million-stage file costs the daemon
+      // nothing): the project's quotas as submit_run counts them.
+      opts.stage_bound = [&c](const std::string& project) {
+        auto room = c.GetStageRoom(project);
+        return pipelines::QuotaStageBound(project, room.max_stages_per_run,
+                                          room.max_queued_stages, room.unfinished);
+      };
       auto loaded = pipelines::ParsePipeline(s.source, s.file, opts);
       if (!loaded.pipeline) {
         log->error("schedule={}: its pipeline no longer validates:\n{}", s.name,

@@ -344,6 +344,14 @@ struct ProjectRow {
   int64_t runs = 0;
 };
 
+// A project's quotas and its unfinished stages (ready, running, waiting on needs or a retry),
+// as submit_run counts them. A project not made yet has the defaults and no stages.
+struct StageRoom {
+  int64_t max_stages_per_run = 250000;
+  int64_t max_queued_stages = 1000000;
+  int64_t unfinished = 0;
+};
+
 struct ArtifactRow {
   std::string key;
   std::string state;  // building | ready | failed
@@ -566,6 +574,9 @@ class Catalog {
   void SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
                         std::optional<int> max_queued_stages, std::optional<int64_t> job_uid);
   std::vector<ProjectRow> ListProjects();
+  // The room `project` has for one more run (migration 0024's stage_room): what the parser
+  // bounds a file's stage count by before it expands a matrix.
+  StageRoom GetStageRoom(const std::string& project);
 
   // --- compiled-artifact cache ---------------------------------------------------------------
   // Become the builder of `key` (true) when nobody builds it, its builder's attempt is gone,
@@ -650,7 +661,8 @@ class Catalog {
 
   // One value of a one-row query, as text ("" for NULL); for tests and reports.
   std::string QueryValue(const std::string& sql);
-  // Recomputes trnflow.spend_rollup from the closed ledger rows; for ledgers loaded in bulk.
+  // Recomputes what the ledger's triggers keep from the closed ledger rows (spend_rollup and
+  // /metrics' counters, migration 0024); for ledgers loaded in bulk with the triggers off.
   void RebuildSpendRollup();
   // A statement that cannot run in a transaction (VACUUM); for maintenance and benchmarks.
   void RunOutsideTransaction(const std::string& sql);

@@ -168,6 +168,7 @@ void Catalog::RebuildSpendRollup() {
     pqxx::work tx(impl_->C());
     impl_->Exec(tx, "ClearSpendRollup");
     impl_->Exec(tx, "FillSpendRollup");
+    impl_->Exec(tx, "RebuildMetricCounters");
     tx.commit();
   });
 }

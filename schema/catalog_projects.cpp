@@ -66,6 +66,14 @@ std::string Catalog::JobUidRange() {
   });
 }
 
+StageRoom Catalog::GetStageRoom(const std::string& project) {
+  return impl_->Guard([&] {
+    pqxx::read_transaction tx(impl_->C());
+    auto row = impl_->Exec(tx, "StageRoom", project)[0];
+    return StageRoom{row[0].as<int64_t>(), row[1].as<int64_t>(), row[2].as<int64_t>()};
+  });
+}
+
 std::vector<ProjectRow> Catalog::ListProjects() {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -175,6 +175,74 @@ TEST(Parser, MatrixValuesThatWouldMakeAPathAreErrors) {
       << r.diagnostics.Format();
 }
 
+// Stage counts multiply before anything is expanded: 1.9 KB of YAML (a 10,000-cell matrix
+// stage and 99 aliases of it) names a million stages. The parser counts them from the lists'
+// sizes and refuses past the project's bound before the first expansion (issue 36: it took
+// `validate` 7 s and 1.7 GB to expand them first).
+TEST(Parser, StageCountIsBoundedBeforeExpansion) {
+  const std::string path =
+      std::string(TRNFLOW_SOURCE_DIR) + "/tests/broken/105-alias-matrix-million-stages.yaml";
+  std::vector<std::string> asked;
+  LoadOptions opts;
+  opts.stage_bound = [&](const std::string& project) {
+    asked.push_back(project);
+    return QuotaStageBound(project, 250000, 1000000, 0);
+  };
+  auto r = LoadPipelineFile(path, opts);
+  std::string out = r.diagnostics.Format();
+  EXPECT_FALSE(r.pipeline.has_value());
+  EXPECT_EQ(r.diagnostics.error_count(), 1) << out;
+  EXPECT_EQ(asked, std::vector<std::string>{"sweeps"}) << "asked once, for the file's project";
+  EXPECT_NE(out.find(path + ":6:3: error: the pipeline's stages expand to 1000000 stages (100 "
+                            "of its 100 stages have a matrix; 's00' at 6:3 alone makes 10000); "
+                            "project \"sweeps\" allows at most 250000 per run"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("hint: split the sweep into several runs, or an administrator raises the "
+                     "quota: trnflow project add sweeps --max-stages-per-run N"),
+            std::string::npos)
+      << out;
+
+  // Exactly at the bound passes; one past it does not. 3 entries x a 2x2 matrix = 12 stages.
+  const std::string twelve =
+      "pipeline: x\nproject: lab\nstages:\n  a: &a\n    run: [\"true\"]\n"
+      "    matrix: {i: [1, 2], j: [3, 4]}\n  b: *a\n  c: *a\n";
+  auto bound = [](int64_t n) {
+    LoadOptions o;
+    o.stage_bound = [n](const std::string& project) {
+      return QuotaStageBound(project, n, 1000000, 0);
+    };
+    return o;
+  };
+  auto ok = Parse(twelve, bound(12));
+  ASSERT_TRUE(ok.pipeline) << ok.diagnostics.Format();
+  EXPECT_EQ(ok.pipeline->stages.size(), 12u);
+  EXPECT_NE(OnlyError(Parse(twelve, bound(11))).find("expand to 12 stages"), std::string::npos);
+
+  // The project's queue binds when it has less room than a run may have.
+  LoadOptions full;
+  full.stage_bound = [](const std::string& project) {
+    return QuotaStageBound(project, 250000, 100, 95);
+  };
+  std::string err = OnlyError(Parse(twelve, full));
+  EXPECT_NE(err.find("project \"lab\" has 95 unfinished stages, room for 5 more under its quota "
+                     "of 100"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("--max-queued-stages N"), std::string::npos) << err;
+
+  // Products past 2^62 saturate instead of wrapping around to a small number.
+  std::string huge = "pipeline: x\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n    matrix: {";
+  for (int k = 0; k < 8; ++k) {
+    huge += std::string(k ? ", " : "") + "k" + std::to_string(k) + ": [";
+    for (int v = 0; v < 1000; ++v) huge += (v ? "," : "") + std::to_string(v);
+    huge += "]";
+  }
+  huge += "}\n";
+  EXPECT_NE(OnlyError(Parse(huge)).find("expand to more than 4611686018427387904 stages"),
+            std::string::npos);
+}
+
 TEST(Parser, CountsTakeSizeSuffixes) {
   auto r = Parse(kSmall, {{{"tokens", "1.5T"}}, ""});
   ASSERT_TRUE(r.pipeline) << r.diagnostics.Format();

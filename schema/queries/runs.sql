@@ -134,7 +134,8 @@ SELECT trnflow.reset_stages($1, $2);
 
 -- name: ProjectBudgets
 -- Each budget with its project's spend in the current period: closed attempts from the
--- rollup, plus running attempts to their last heartbeat (trnflow.project_spent_usd, 0024).
+-- rollup (a total budget's from the counters: trnflow.closed_spend, 0025), plus running
+-- attempts to their last heartbeat (trnflow.project_spent_usd, 0024 and 0025).
 SELECT b.project, b.amount_usd::text, b.period, b.notified_percent,
        (b.notified_period IS NOT DISTINCT FROM ps.start) AS same_period,
        trnflow.project_spent_usd(b.project, ps.start)::numeric(18,6)::text
@@ -192,6 +193,10 @@ SET max_stages_per_run = coalesce($2, max_stages_per_run),
     job_uid = coalesce($4, job_uid)
 WHERE name = $1;
 
+-- name: StageRoom
+-- The project's quotas and unfinished stages, the parser's bound before expansion (0025).
+SELECT max_stages_per_run, max_queued_stages, unfinished FROM trnflow.stage_room($1);
+
 -- name: SetJobUidRange
 -- This catalog's job uid range, claimed on the server (migration 0023).
 SELECT trnflow.set_job_uid_range($1, $2);
@@ -226,6 +231,10 @@ JOIN trnflow.runs ru ON ru.id = n.run_id
 JOIN trnflow.pipelines p ON p.id = ru.pipeline_id
 WHERE n.outcome IS NOT NULL
 GROUP BY 1, 2, 3, 4, 5, 6, 7;
+
+-- name: RebuildMetricCounters
+-- /metrics' counters, from the ledger (migration 0025), for ledgers loaded in bulk.
+SELECT trnflow.rebuild_metric_counters();
 
 -- name: CanRunStages
 -- Whether this login may claim and run stages: the daemons' role (or the schema owner).

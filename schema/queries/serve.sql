@@ -43,46 +43,44 @@ SELECT coalesce(max(id), 0) FROM trnflow.changes;
 -- restarts of anything. Labels are bounded: project, pipeline, pool, instance type, outcome,
 -- state; never a run, attempt or worker id.
 --
--- Histograms (`_bucket` with `le`, `_sum`, `_count`): each attempt is put in the first bucket
--- whose bound it does not exceed (one CASE per row, then a small group-by), and the buckets
--- are made cumulative over those groups, so a scrape reads the ledger once per histogram.
--- Attempt duration: wall-clock seconds from start to close of closed attempts, by pool and
--- outcome. Queue wait: seconds from the stage becoming ready (attempts.queued_at, 0015) to
--- the attempt's start, by pool, for every attempt that has started.
+-- Nothing here reads the ledger: closed attempts are counted as they are inserted (migration
+-- 0025: attempt_counts, attempt_duration_buckets, attempt_wait_buckets, spend_by_close_month),
+-- so a scrape sums rows per project, pool, instance type and outcome, however long the history.
+--
+-- Histograms (`_bucket` with `le`, `_sum`, `_count`): each attempt is in the first bucket whose
+-- bound it does not exceed (trnflow.duration_bucket / wait_bucket), and the buckets are made
+-- cumulative here. Attempt duration: wall-clock seconds from start to close of closed attempts,
+-- by pool and outcome. Queue wait: seconds from the stage becoming ready (attempts.queued_at,
+-- 0015) to the attempt's start, by pool, for every attempt that has started: the closed ones
+-- from their buckets, the running ones from open_attempts.
 WITH bounds_duration(k, le) AS (
   VALUES (1, '1'), (2, '5'), (3, '15'), (4, '30'), (5, '60'), (6, '120'), (7, '300'),
          (8, '600'), (9, '1800'), (10, '3600'), (11, '7200'), (12, '21600'), (13, '86400'),
          (14, '+Inf')),
 durations AS (
-  SELECT pool, outcome,
-         CASE WHEN v <= 1 THEN 1 WHEN v <= 5 THEN 2 WHEN v <= 15 THEN 3 WHEN v <= 30 THEN 4
-              WHEN v <= 60 THEN 5 WHEN v <= 120 THEN 6 WHEN v <= 300 THEN 7 WHEN v <= 600 THEN 8
-              WHEN v <= 1800 THEN 9 WHEN v <= 3600 THEN 10 WHEN v <= 7200 THEN 11
-              WHEN v <= 21600 THEN 12 WHEN v <= 86400 THEN 13 ELSE 14 END AS k,
-         count(*) AS n, sum(v) AS total
-  FROM (SELECT s.pool, a.outcome,
-               greatest(0, extract(epoch FROM (a.finished_at - a.started_at)))::float8 AS v
-        FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
-        WHERE a.outcome IS NOT NULL) x
+  SELECT pool, outcome, k, sum(attempts) AS n, sum(seconds) AS total
+  FROM trnflow.attempt_duration_buckets
   GROUP BY 1, 2, 3),
 bounds_wait(k, le) AS (
   VALUES (1, '0.5'), (2, '1'), (3, '5'), (4, '15'), (5, '30'), (6, '60'), (7, '300'),
          (8, '900'), (9, '1800'), (10, '3600'), (11, '7200'), (12, '21600'), (13, '86400'),
          (14, '+Inf')),
 waits AS (
-  SELECT pool,
-         CASE WHEN v <= 0.5 THEN 1 WHEN v <= 1 THEN 2 WHEN v <= 5 THEN 3 WHEN v <= 15 THEN 4
-              WHEN v <= 30 THEN 5 WHEN v <= 60 THEN 6 WHEN v <= 300 THEN 7 WHEN v <= 900 THEN 8
-              WHEN v <= 1800 THEN 9 WHEN v <= 3600 THEN 10 WHEN v <= 7200 THEN 11
-              WHEN v <= 21600 THEN 12 WHEN v <= 86400 THEN 13 ELSE 14 END AS k,
-         count(*) AS n, sum(v) AS total
-  FROM (SELECT s.pool, greatest(0, extract(epoch FROM (a.started_at - a.queued_at)))::float8 AS v
-        FROM (SELECT stage_id, started_at, queued_at FROM trnflow.attempts
-              UNION ALL
-              SELECT stage_id, started_at, queued_at FROM trnflow.open_attempts) a
-        JOIN trnflow.stages s ON s.id = a.stage_id
-        WHERE a.queued_at IS NOT NULL) x
-  GROUP BY 1, 2)
+  SELECT pool, k, sum(n) AS n, sum(total) AS total
+  FROM (SELECT pool, k, attempts AS n, seconds AS total FROM trnflow.attempt_wait_buckets
+        UNION ALL
+        SELECT s.pool, trnflow.wait_bucket(x.v), 1, x.v::numeric
+        FROM (SELECT stage_id,
+                     greatest(0, extract(epoch FROM (started_at - queued_at)))::float8 AS v
+              FROM trnflow.open_attempts WHERE queued_at IS NOT NULL) x
+        JOIN trnflow.stages s ON s.id = x.stage_id) u
+  GROUP BY 1, 2),
+counts AS (
+  SELECT project, instance_type, kind, outcome, sum(attempts) AS attempts,
+         sum(cost_usd) AS cost_usd, sum(wasted_usd) AS wasted_usd, sum(saved_usd) AS saved_usd,
+         sum(instance_seconds) AS instance_seconds
+  FROM trnflow.attempt_counts
+  GROUP BY 1, 2, 3, 4)
 SELECT 'trnflow_attempt_duration_seconds_bucket' AS name,
        jsonb_build_object('pool', g.pool, 'outcome', g.outcome, 'le', b.le)::text AS labels,
        (SELECT coalesce(sum(d.n), 0) FROM durations d
@@ -111,31 +109,28 @@ SELECT 'trnflow_queue_wait_seconds_count', jsonb_build_object('pool', pool)::tex
 FROM waits GROUP BY pool
 UNION ALL
 SELECT 'trnflow_attempts_total',
-       jsonb_build_object('outcome', a.outcome)::text AS labels, count(*)::float8 AS value
-FROM trnflow.attempts a WHERE a.outcome IS NOT NULL GROUP BY a.outcome
+       jsonb_build_object('outcome', c.outcome)::text AS labels, sum(c.attempts)::float8 AS value
+FROM counts c GROUP BY c.outcome
 UNION ALL
 SELECT 'trnflow_spot_interruptions_total',
-       jsonb_build_object('instance_type', a.instance_type)::text, count(*)::float8
-FROM trnflow.attempts a WHERE a.outcome = 'spot_interruption' GROUP BY a.instance_type
+       jsonb_build_object('instance_type', c.instance_type)::text, sum(c.attempts)::float8
+FROM counts c WHERE c.outcome = 'spot_interruption' GROUP BY c.instance_type
 UNION ALL
-SELECT 'trnflow_spend_usd_total', jsonb_build_object('project', r.project)::text,
-       sum(a.cost_usd)::float8
-FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-WHERE a.outcome IS NOT NULL GROUP BY r.project
+SELECT 'trnflow_spend_usd_total', jsonb_build_object('project', c.project)::text,
+       sum(c.cost_usd)::float8
+FROM counts c GROUP BY c.project
 UNION ALL
-SELECT 'trnflow_wasted_usd_total', jsonb_build_object('project', r.project)::text,
-       coalesce(sum(a.wasted_usd), 0)::float8
-FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-WHERE a.outcome IS NOT NULL GROUP BY r.project
+SELECT 'trnflow_wasted_usd_total', jsonb_build_object('project', c.project)::text,
+       coalesce(sum(c.wasted_usd), 0)::float8
+FROM counts c GROUP BY c.project
 UNION ALL
-SELECT 'trnflow_saved_usd_total', jsonb_build_object('project', r.project)::text,
-       coalesce(sum(a.saved_usd), 0)::float8
-FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-WHERE a.outcome IS NOT NULL GROUP BY r.project
+SELECT 'trnflow_saved_usd_total', jsonb_build_object('project', c.project)::text,
+       coalesce(sum(c.saved_usd), 0)::float8
+FROM counts c GROUP BY c.project
 UNION ALL
-SELECT 'trnflow_billed_seconds_total', jsonb_build_object('instance_type', a.instance_type)::text,
-       coalesce(sum(a.billed_seconds * a.instance_count), 0)::float8
-FROM trnflow.attempts a WHERE a.outcome IS NOT NULL GROUP BY a.instance_type
+SELECT 'trnflow_billed_seconds_total', jsonb_build_object('instance_type', c.instance_type)::text,
+       coalesce(sum(c.instance_seconds), 0)::float8
+FROM counts c GROUP BY c.instance_type
 UNION ALL
 SELECT 'trnflow_running_spend_usd', jsonb_build_object('project', r.project)::text,
        coalesce(sum(a.cost_so_far_usd), 0)::float8
@@ -174,12 +169,11 @@ FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
 LEFT JOIN trnflow.ready_stages q ON q.pool = p.pool
 GROUP BY p.pool
 UNION ALL
-SELECT 'trnflow_cache_hits_total', '{}', count(*)::float8
-FROM trnflow.attempts a WHERE a.outcome = 'cached'
+SELECT 'trnflow_cache_hits_total', '{}', coalesce(sum(c.attempts), 0)::float8
+FROM counts c WHERE c.outcome = 'cached'
 UNION ALL
-SELECT 'trnflow_cache_misses_total', '{}', count(*)::float8
-FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
-WHERE s.kind = 'compile' AND a.outcome = 'succeeded'
+SELECT 'trnflow_cache_misses_total', '{}', coalesce(sum(c.attempts), 0)::float8
+FROM counts c WHERE c.kind = 'compile' AND c.outcome = 'succeeded'
 UNION ALL
 SELECT 'trnflow_budget_usd', jsonb_build_object('project', b.project, 'period', b.period)::text,
        b.amount_usd::float8
@@ -191,10 +185,10 @@ FROM trnflow.budgets b,
      LATERAL (SELECT CASE WHEN b.period = 'month'
                           THEN date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                           ELSE '-infinity'::timestamptz END AS start) ps,
-     LATERAL (SELECT coalesce(sum(a.cost_usd), 0) AS spent
-              FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
-              WHERE r.project = b.project AND a.outcome IS NOT NULL
-                AND a.finished_at >= ps.start) bs
+     LATERAL (SELECT coalesce(sum(m.cost_usd), 0) AS spent
+              FROM trnflow.spend_by_close_month m
+              WHERE m.project = b.project
+                AND m.month >= (ps.start AT TIME ZONE 'UTC')::date) bs
 -- The month-end forecast and its band come from BudgetForecasts (below), added by the dashboard.
 UNION ALL
 SELECT 'trnflow_workers', jsonb_build_object('state', CASE WHEN w.heartbeat_at >= now() - make_interval(secs => coalesce(w.lease_s, 15))
@@ -240,19 +234,21 @@ FROM trnflow.budgets b,
                           ELSE '-infinity'::timestamptz END AS start,
                      (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')
                        AT TIME ZONE 'UTC' AS next) ps,
-     LATERAL (SELECT coalesce((SELECT sum(cost_usd) FROM trnflow.spend_rollup
-                               WHERE project = b.project AND day >= ps.start::date), 0) AS closed,
+     -- OFFSET 0: computed once per budget, not once per expression that uses it.
+     LATERAL (SELECT trnflow.closed_spend(b.project, ps.start) AS closed,
                      coalesce((SELECT sum(a.cost_so_far_usd)
                                FROM trnflow.open_attempts a
                                JOIN trnflow.runs r ON r.id = a.run_id
                                WHERE r.project = b.project), 0)
-                       AS committed) m,
+                       AS committed OFFSET 0) m,
      LATERAL (SELECT coalesce(stddev_pop(coalesce(d.cost, 0)), 0) AS sd
               FROM generate_series(date_trunc('month', now() AT TIME ZONE 'UTC'),
                                    date_trunc('day', now() AT TIME ZONE 'UTC'),
                                    interval '1 day') g(day)
               LEFT JOIN (SELECT day, sum(cost_usd) AS cost FROM trnflow.spend_rollup
-                         WHERE project = b.project GROUP BY day) d ON d.day = g.day::date) sp,
+                         WHERE project = b.project
+                           AND day >= (date_trunc('month', now() AT TIME ZONE 'UTC'))::date
+                         GROUP BY day) d ON d.day = g.day::date) sp,
      LATERAL (SELECT CASE WHEN b.period = 'month'
                           THEN (m.closed + m.committed) * extract(epoch FROM (ps.next - ps.start))
                                / greatest(60, extract(epoch FROM (now() - ps.start)))

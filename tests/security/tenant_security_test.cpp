@@ -192,12 +192,39 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
       "    matrix: {i: [1, 2, 3, 4, 5, 6]}\n";
   schema::Catalog daemon(TestDatabase::url());
   std::string runs = daemon.QueryValue("SELECT count(*) FROM trnflow.runs");
-  CliResult r = RunTrnflow("submit " + WriteTempFile("sweep.yaml", y));
-  EXPECT_EQ(r.exit_code, 4) << "a quota refuses, like a budget (docs/cli.md#exit-codes): " << r.out
-                            << r.err;
-  EXPECT_NE(r.err.find("the run has 6 stages; project \"ten-q\" allows at most 5 per run"),
-            std::string::npos)
-      << r.err;
+  // The parser counts the stages before it expands the matrix and refuses past the quota, at
+  // the file's place, as `validate` and `plan` do (docs/cli.md#exit-codes: 2).
+  std::string file = WriteTempFile("sweep.yaml", y);
+  for (const char* command : {"submit ", "validate ", "plan "}) {
+    CliResult r = RunTrnflow(command + file);
+    EXPECT_EQ(r.exit_code, 2) << command << r.out << r.err;
+    EXPECT_NE(r.err.find("sweep.yaml:4:3: error: the pipeline's stages expand to 6 stages"),
+              std::string::npos)
+        << command << r.err;
+    EXPECT_NE(r.err.find("project \"ten-q\" allows at most 5 per run"), std::string::npos)
+        << command << r.err;
+    EXPECT_NE(r.err.find("trnflow project add ten-q --max-stages-per-run N"), std::string::npos)
+        << command << r.err;
+  }
+  // The catalog's own check stays (a submit that raced another, a client that is not this
+  // one): 6 stages through submit_run directly.
+  pipelines::LoadOptions unbounded;
+  unbounded.stage_bound = [](const std::string&) {
+    pipelines::StageBound b;
+    b.max_stages = 1000;
+    return b;
+  };
+  auto six = pipelines::ParsePipeline(y, "sweep.yaml", unbounded);
+  ASSERT_TRUE(six.pipeline) << six.diagnostics.Format();
+  try {
+    daemon.SubmitRun(*six.pipeline, testing::FastSubmit());
+    ADD_FAILURE() << "submit_run took 6 stages past a quota of 5";
+  } catch (const Refused& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "the run has 6 stages; project \"ten-q\" allows at most 5 per run"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(daemon.QueryValue("SELECT count(*) FROM trnflow.runs"), runs) << "nothing written";
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed 1e300").exit_code, 2);
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed nan").exit_code, 2);

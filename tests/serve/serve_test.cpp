@@ -676,6 +676,56 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   EXPECT_EQ(a[1], b[1]);
 }
 
+// /metrics reads counters kept per closed attempt (migration 0025), never the ledger: every
+// sample it gives is the one the ledger itself gives (the query /metrics ran before 0025, kept
+// in tests/serve/metrics_from_ledger.sql): the same series, the same counts, the same money.
+TEST_F(Serve, MetricsFromCountersEqualTheLedger) {
+  std::string sql = ReadFile(TRNFLOW_SOURCE_DIR "/tests/serve/metrics_from_ledger.sql");
+  sql = sql.substr(0, sql.find_last_of(';'));
+  using Key = std::pair<std::string, std::string>;
+  auto number = [](const std::string& v) { return v == "null" ? 0.0 : std::stod(v); };
+  // A month budget and a total one, so the budgets' spend is compared too (removed at the end:
+  // other tests count the budgets).
+  ASSERT_EQ(RunTrnflow("budget set other-lab 100").exit_code, 0);
+  ASSERT_EQ(RunTrnflow("budget set climate-lab 1000 --period total").exit_code, 0);
+  std::map<Key, double> ledger, counters;
+  for (const auto& r : Rows(sql)) ledger[{r[0], r[1]}] = number(r[2]);
+  schema::Catalog catalog(TestDatabase::url());
+  for (const auto& r : catalog.Metrics()) counters[{r.name, r.labels_json}] = r.value;
+  ASSERT_GT(ledger.size(), 40u);
+  ASSERT_GT(ledger.count({"trnflow_budget_spent_usd", R"({"period": "total", "project": "climate-lab"})"}),
+            0u);
+  ASSERT_GT(ledger.count({"trnflow_attempts_total", R"({"outcome": "spot_interruption"})"}), 0u)
+      << "the climate run's interruption is in the history compared";
+  for (const auto& [key, value] : ledger) {
+    auto it = counters.find(key);
+    if (it == counters.end()) {
+      ADD_FAILURE() << key.first << key.second << " is not in /metrics";
+      continue;
+    }
+    // Ages and the running spend move with the clock between the two readings.
+    if (key.first.find("age_seconds") != std::string::npos ||
+        key.first == "trnflow_running_spend_usd")
+      continue;
+    EXPECT_NEAR(it->second, value, 1e-6 * std::max(1.0, std::abs(value)))
+        << key.first << key.second;
+  }
+  for (const auto& [key, value] : counters)
+    EXPECT_TRUE(ledger.count(key)) << key.first << key.second << " is not in the ledger's";
+
+  // A bulk-loaded ledger (triggers off, then RebuildSpendRollup as the owner) counts the same.
+  schema::Catalog(TestDatabase::owner_url()).RebuildSpendRollup();
+  std::map<Key, double> rebuilt;
+  for (const auto& r : catalog.Metrics()) rebuilt[{r.name, r.labels_json}] = r.value;
+  for (const auto& [key, value] : counters) {
+    if (key.first.find("age_seconds") != std::string::npos) continue;
+    EXPECT_NEAR(rebuilt[key], value, 1e-6 * std::max(1.0, std::abs(value)))
+        << key.first << key.second;
+  }
+  EXPECT_EQ(RunTrnflow("budget rm other-lab").exit_code, 0);
+  EXPECT_EQ(RunTrnflow("budget rm climate-lab").exit_code, 0);
+}
+
 TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
   std::string dir = fs::temp_directory_path() / ("trnflow-prom-" + std::to_string(getpid()));
   fs::create_directories(dir + "/data");
