@@ -5,8 +5,13 @@
 
 namespace trnflow::cli {
 
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog) {
-  if (!catalog) return pipelines::MakePlan(p);
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+                             double speed) {
+  if (!catalog) {
+    pipelines::PlanInputs none;
+    none.speed = speed;
+    return pipelines::MakePlan(p, none);
+  }
   std::vector<std::string> unestimated;
   for (const auto& s : p.stages)
     if (s.spec.kind == StageKind::kRun && !s.estimate_s) unestimated.push_back(s.spec.name);
@@ -20,8 +25,10 @@ pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* cata
   in.history = [&past](const std::string& stage) -> std::optional<pipelines::StageHistory> {
     auto it = past.find(stage);
     if (it == past.end()) return std::nullopt;
-    return pipelines::StageHistory{it->second.median_seconds, it->second.runs};
+    return pipelines::StageHistory{it->second.median_seconds, it->second.runs,
+                                   it->second.median_wall_seconds};
   };
+  in.speed = speed;
   return pipelines::MakePlan(p, in);
 }
 

@@ -13,6 +13,7 @@ namespace trnflow::cli {
 // stages whose graph is in the cache cost $0, and run: stages without `estimate:` take the
 // median of their past runs in the same project and pipeline. With none (`plan` when the
 // catalog is unreachable): neither. Throws CatalogUnavailable if the catalog fails midway.
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog);
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+                             double speed = 0);
 
 }  // namespace trnflow::cli
