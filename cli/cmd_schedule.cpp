@@ -404,7 +404,16 @@ int CmdScheduleRun(const std::string& name, const std::string& format) {
   auto catalog = OpenCatalog();
   auto s = catalog->GetSchedule(name);
   if (!s) throw NoSchedule(*catalog, name);
-  int64_t run = scheduler::FireScheduleNow(*catalog, name);
+  int64_t run = 0;
+  try {
+    run = scheduler::FireScheduleNow(*catalog, name);
+  } catch (const PermissionDenied&) {
+    // Schedules are the site's, as `schedule add` is (docs/security.md, "Roles").
+    throw PermissionDenied("permission denied: firing schedule " + name +
+                           " needs the daemons' login (operators: as root on a host with "
+                           "/etc/trnflow/daemon.url, or TRNFLOW_DATABASE_URL set to it); a "
+                           "project member submits the same pipeline with `trnflow submit`");
+  }
   auto next = NextSlots(*s, 1);
   std::string next_text =
       next.empty() ? ""

@@ -99,6 +99,18 @@ TEST(ScheduleRun, RefusesAPausedOrUnknownScheduleWithTheFix) {
                                                             << unknown.err;
   schema::Catalog c(TestDatabase::url());
   EXPECT_EQ(Q(c, "SELECT count(*) FROM trnflow.schedule_fires WHERE schedule = 'resting'"), "0");
+  // A member of the schedule's project: told who may, as `budget set` is.
+  std::string erin = TestDatabase::NewLogin("erin");
+  ASSERT_EQ(RunTrnflow("schedule add erins " + file + " --cron \"0 4 * * *\" --project sched-lab").exit_code, 0);
+  ASSERT_EQ(RunTrnflow("project add sched-lab --member trnflow_test_" +
+                       TestDatabase::database_name() + "_erin")
+                .exit_code,
+            0);
+  CliResult member = RunTrnflow("schedule run erins", "TRNFLOW_DATABASE_URL='" + erin + "'");
+  EXPECT_EQ(member.exit_code, 4) << member.out << member.err;
+  EXPECT_NE(member.err.find("firing schedule erins needs the daemons' login"), std::string::npos)
+      << member.err;
+  EXPECT_EQ(Q(c, "SELECT count(*) FROM trnflow.schedule_fires WHERE schedule = 'erins'"), "0");
 }
 
 // Digits to N and runs of spaces to one: the README's dates, ids and column widths are its own.

@@ -150,6 +150,43 @@ TEST(SmallThings, RunOutputSaysEveryInterruptionEvenWhenItLastedLessThanAPoll) {
   EXPECT_EQ(std::to_string(said), interrupted) << r.out;
 }
 
+TEST(SmallThings, AMembersLogsOnThisHostButNotTheirsToReadAreSaidSoNotSentToAnotherHost) {
+  // A run: stage's log under the workers' TRNFLOW_HOME, which only its user may enter; a member
+  // (OS user nobody, PostgreSQL login dave, a member of the project) asks for it on this host.
+  std::string file = testing::WriteTempFile("logged.yaml", "pipeline: logged\nproject: log-lab\n"
+                                                           "stages:\n  hello:\n    run: [\"echo\", \"hi\"]\n");
+  CliResult ran = RunTrnflow("run " + file + " --format json");
+  ASSERT_EQ(ran.exit_code, 0) << ran.out << ran.err;
+  std::string run = nlohmann::json::parse(ran.out)["run"]["run_id"];
+  std::string dave = TestDatabase::NewLogin("dave");
+  ASSERT_EQ(RunTrnflow("project add log-lab --member " + Role("dave")).exit_code, 0);
+  std::string logs = testing::CliHome() + "/logs";
+  ASSERT_TRUE(std::filesystem::exists(logs + "/run-" + run + "/hello.attempt-1.log"));
+  std::filesystem::permissions(logs, std::filesystem::perms::owner_all);  // 0700, root's
+  CliResult r = RunShell("cd '" TRNFLOW_SOURCE_DIR "' && runuser -u nobody -- env TRNFLOW_HOME=/tmp "
+                         "TRNFLOW_CONFIG_DIR=/nonexistent TRNFLOW_DATABASE_URL='" + dave +
+                         "' '" TRNFLOW_BINARY "' logs " + run + " hello 2>&1");
+  CliResult j = RunShell("cd '" TRNFLOW_SOURCE_DIR "' && runuser -u nobody -- env TRNFLOW_HOME=/tmp "
+                         "TRNFLOW_CONFIG_DIR=/nonexistent TRNFLOW_DATABASE_URL='" + dave +
+                         "' '" TRNFLOW_BINARY "' logs " + run + " hello --format json 2>&1");
+  std::filesystem::permissions(logs, std::filesystem::perms::owner_all |
+                                         std::filesystem::perms::group_read |
+                                         std::filesystem::perms::group_exec |
+                                         std::filesystem::perms::others_read |
+                                         std::filesystem::perms::others_exec);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("its log is on this host at " + logs + "/run-" + run + "/hello.attempt-1.log"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("which only the workers' user may read"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("share TRNFLOW_HOME"), std::string::npos) << "not another host: " << r.out;
+  auto entries = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_TRUE(entries.is_array() && entries.size() == 1) << j.out;
+  EXPECT_EQ(entries[0]["readable"], false);
+  EXPECT_TRUE(entries[0]["host"].is_null());
+  EXPECT_TRUE(entries[0]["text"].is_null());
+}
+
 // A catalog of the test's own, beside this binary's: created, and dropped at the end whatever
 // the test did.
 struct ScratchCatalog {
