@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <ctime>
 #include <regex>
@@ -85,9 +86,27 @@ void CheckPoolName(const std::string& name, const std::string& flag) {
                   " — a stage in an unknown pool would wait forever");
 }
 
+std::string CheckedAdminUrl(const std::string& command) {
+  std::string url = AdminDatabaseUrl();
+  const char* admin = std::getenv("TRNFLOW_ADMIN_DATABASE_URL");
+  const char* login = std::getenv("TRNFLOW_DATABASE_URL");
+  if ((admin && *admin) || !login || !*login || url == login) return url;
+  // The owner's login came from owner.url while TRNFLOW_DATABASE_URL points at a catalog:
+  // working on the file's catalog would quietly change another catalog than the one meant.
+  std::string owners = schema::CatalogAddress(url), meant = schema::CatalogAddress(login);
+  if (!owners.empty() && !meant.empty() && owners != meant)
+    throw UserError("TRNFLOW_DATABASE_URL names the catalog " + meant + ", but `trnflow " +
+                    command + "` logs in as the schema owner, and the owner's login in " +
+                    ConfigDir() + "/owner.url names " + owners +
+                    ": set TRNFLOW_ADMIN_DATABASE_URL to the schema owner's URL of " + meant +
+                    " (TRNFLOW_DATABASE_URL is the daemons' or a person's login, which may not "
+                    "change the schema), or unset TRNFLOW_DATABASE_URL to work on " + owners);
+  return url;
+}
+
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login) {
   auto catalog = std::make_unique<schema::Catalog>(
-      login == CatalogLogin::kAdmin ? AdminDatabaseUrl() : DatabaseUrl());
+      login == CatalogLogin::kAdmin ? CheckedAdminUrl("project") : DatabaseUrl());
   catalog->RequireCurrentSchema();
   return catalog;
 }

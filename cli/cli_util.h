@@ -104,6 +104,10 @@ void CheckPoolName(const std::string& name, const std::string& flag);
 
 enum class CatalogLogin { kDefault, kAdmin };
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login = CatalogLogin::kDefault);
+// The schema owner's URL for `command` (`db migrate`, `project`): TRNFLOW_ADMIN_DATABASE_URL,
+// else /etc/trnflow/owner.url — refused (UserError) when that file names another catalog than
+// a TRNFLOW_DATABASE_URL that is set, saying which variable to set.
+std::string CheckedAdminUrl(const std::string& command);
 // "42" -> 42; throws UserError otherwise.
 int64_t ParseRunId(const std::string& text);
 

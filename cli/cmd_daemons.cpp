@@ -43,7 +43,7 @@ int CmdDbMigrate(const std::string& job_uid_range) {
                       ": expected START-END with 1000 <= START <= END <= 2147483646 (the job's "
                       "namespaces cannot map larger uids), e.g. 200000-299999");
   }
-  schema::Catalog catalog(AdminDatabaseUrl());
+  schema::Catalog catalog(CheckedAdminUrl("db migrate"));
   auto report = catalog.Migrate(sim::Catalog::Builtin());
   std::string range = job_uid_range.empty() ? catalog.JobUidRange() : catalog.SetJobUidRange(lo, hi);
   std::cout << "catalog " << RedactUrl(catalog.url()) << ": schema version " << report.from_version
@@ -52,6 +52,34 @@ int CmdDbMigrate(const std::string& job_uid_range) {
   for (const auto& m : report.applied) std::cout << "\n  applied " << m;
   if (!range.empty()) std::cout << "\n  job uids " << range;
   std::cout << "\n";
+  return kExitOk;
+}
+
+int CmdDbDrop(const DeleteArgs& del) {
+  std::string url = CheckedAdminUrl("db drop");
+  schema::CatalogDropPlan plan = schema::PlanCatalogDrop(url);
+  std::string roles;
+  for (const auto& r : plan.roles) roles += "\n  role " + r;
+  std::string what = "database " + plan.database + " (catalog " + plan.catalog_id + ", " +
+                     std::to_string(plan.runs) + " runs and their ledger) and its " +
+                     std::to_string(plan.roles.size()) + " roles";
+  if (del.dry_run) {
+    std::cout << "would drop " << what << ":" << roles
+              << "\nthe owner's role and people's logins stay; dry run: nothing was dropped\n";
+    return kExitOk;
+  }
+  if (plan.other_sessions > 0)
+    std::cerr << "trnflow: " << plan.other_sessions << " other sessions use " << plan.database
+              << "; they are ended where this login may, else the drop is refused\n";
+  if (!Confirm("drop " + what + "? Its ledger is gone for good (back it up first: "
+               "docs/operations.md, \"Backup and restore\")",
+               del.yes))
+    return Declined();
+  auto kept = schema::DropCatalog(url, plan);
+  std::cout << "dropped database " << plan.database << " and " << plan.roles.size() - kept.size()
+            << " of its roles" << roles << "\n";
+  for (const auto& k : kept)
+    std::cout << "kept role " << k << ": drop it by hand once nothing else uses it\n";
   return kExitOk;
 }
 

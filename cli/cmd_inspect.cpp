@@ -1,4 +1,6 @@
 // trnflow validate / plan / runs / show / logs / instances / models: commands that read.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -81,11 +83,11 @@ int CmdPlan(const RunArgs& a) {
   pipelines::Plan plan;
   try {
     catalog = OpenCatalog();
-    plan = scheduler::EstimatePlan(*pipeline, catalog.get());
+    plan = scheduler::EstimatePlan(*pipeline, catalog.get(), a.speed);
   } catch (const CatalogUnavailable& e) {
     std::cerr << "trnflow: note: planning without the catalog (" << e.what()
               << "): no compile cache, no past runs\n";
-    plan = scheduler::EstimatePlan(*pipeline, nullptr);
+    plan = scheduler::EstimatePlan(*pipeline, nullptr, a.speed);
   }
   std::cout << (a.format == "json" ? pipelines::PlanToJson(plan) : pipelines::PlanToTable(plan));
   return kExitOk;
@@ -514,6 +516,14 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
   return kExitOk;
 }
 
+namespace {
+std::string ThisHost() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+}  // namespace
+
 int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
             const std::string& format) {
   bool json = format == "json";
@@ -559,6 +569,29 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
         if (!in && !a.worker_home.empty()) in.open(p = fs::path(HomeDir()) / name, std::ios::binary);
         if (!in) {
           std::string worker_host = a.worker.substr(0, a.worker.find(':'));
+          // On this host, but not this user's to read: TRNFLOW_HOME is root's (workers run
+          // jobs as per-project uids, docs/security.md). Say that, not "another host".
+          std::error_code ec;
+          fs::path here = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
+          (void)fs::symlink_status(here, ec);
+          if (a.outcome != "cached" && ec == std::errc::permission_denied &&
+              worker_host == ThisHost() && elsewhere.insert(here.string()).second) {
+            if (json)
+              out.push_back({{"stage", s.name},
+                             {"attempt", a.attempt},
+                             {"path", here.string()},
+                             {"host", nullptr},
+                             {"text", nullptr},
+                             {"readable", false}});
+            else
+              std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
+                        << "this host at " << here.string()
+                        << ", under TRNFLOW_HOME, which only the workers' user may read; read "
+                           "it on the dashboard (`trnflow serve`, which shows a member their "
+                           "projects' logs: docs/serve.md), or as root <==\n";
+            ++shown;
+            continue;
+          }
           if (a.outcome != "cached" && !a.worker_home.empty() &&
               elsewhere.insert(p.string()).second) {
             std::string there = (fs::path(a.worker_home) / name).string();

@@ -63,6 +63,8 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
   auto start = Steady::now();
   std::map<int64_t, std::string> last_state;
   std::map<int64_t, int> last_quarter;
+  std::map<int64_t, int> reported_end;  // per stage: attempts up to this one said how they ended
+  std::map<int64_t, int> last_attempts;
   std::set<std::string> warned;
   std::vector<std::string> warnings;
   auto next_worker_check = start;
@@ -111,13 +113,45 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
       std::cout << frame << std::flush;
       drawn = std::max(drawn, lines);
     } else {
+      std::optional<std::vector<schema::AttemptRow>> ledger;  // read only when needed
       for (const auto& s : stages) {
         auto& prev = last_state[s.id];
         int quarter = s.state == "running" && s.live_progress >= 0
                           ? static_cast<int>(s.live_progress * 4)
                           : -1;
         bool progressed = quarter > 0 && quarter < 4 && quarter > last_quarter[s.id];
-        if (prev == s.state && !progressed) continue;
+        // A state held for less than a poll (a spot interruption and its retry within 100 ms:
+        // running, retry_wait, running) is not seen here; the ledger has every closed attempt,
+        // so each one's end is said once, from there, unless this poll's line says it.
+        int closed = s.attempts - (s.state == "running" ? 1 : 0);
+        bool line_says_last = s.state == "retry_wait" || s.state == "failed" ||
+                              s.state == "cancelled" || s.state == "succeeded" ||
+                              s.state == "cached";
+        int& ended = reported_end[s.id];
+        for (int k = ended + 1; k <= closed - (line_says_last && prev != s.state ? 1 : 0); ++k) {
+          if (!ledger) {
+            try {
+              ledger = catalog.GetAttempts(run_id);
+            } catch (const CatalogUnavailable&) {
+              break;  // said at the next poll
+            }
+          }
+          for (const auto& a : *ledger) {
+            if (a.stage_id != s.id || a.attempt != k || a.outcome.empty()) continue;
+            char buf[1024];
+            std::snprintf(buf, sizeof buf, "[%6.1fs] %s: attempt %d %s%s\n", t, s.name.c_str(),
+                          k, a.outcome.c_str(),
+                          a.message.empty() ? "" : (": " + a.message).c_str());
+            std::cout << buf;
+            ended = k;
+          }
+          if (ended < k) break;  // not in the ledger yet: said at the next poll
+        }
+        if (line_says_last && prev != s.state) ended = std::max(ended, closed);
+        int& seen_attempts = last_attempts[s.id];
+        bool new_attempt = seen_attempts != s.attempts;
+        seen_attempts = s.attempts;
+        if (prev == s.state && !progressed && !(new_attempt && s.state == "running")) continue;
         if (prev != s.state) last_quarter[s.id] = 0;
         if (progressed) last_quarter[s.id] = quarter;
         prev = s.state;

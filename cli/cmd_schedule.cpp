@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/sha256.h"
 #include "scheduler/cron.h"
+#include "scheduler/scheduler.h"
 
 namespace trnflow::cli {
 namespace {
@@ -402,6 +403,39 @@ int CmdScheduleUpdate(const ScheduleUpdateArgs& a) {
                           : s.last_slot_epoch;
   if (auto n = NextSlots(u, 1); !n.empty())
     std::cout << pipeline->name << " fires next at " << Minute(n[0]) << "\n";
+  return kExitOk;
+}
+
+int CmdScheduleRun(const std::string& name, const std::string& format) {
+  auto catalog = OpenCatalog();
+  auto s = catalog->GetSchedule(name);
+  if (!s) throw NoSchedule(*catalog, name);
+  int64_t run = 0;
+  try {
+    run = scheduler::FireScheduleNow(*catalog, name);
+  } catch (const PermissionDenied&) {
+    // Schedules are the site's, as `schedule add` is (docs/security.md, "Roles").
+    throw PermissionDenied("permission denied: firing schedule " + name +
+                           " needs the daemons' login (operators: as root on a host with "
+                           "/etc/trnflow/daemon.url, or TRNFLOW_DATABASE_URL set to it); a "
+                           "project member submits the same pipeline with `trnflow submit`");
+  }
+  auto next = NextSlots(*s, 1);
+  std::string next_text =
+      next.empty() ? ""
+                   : date::format("%F %R", std::chrono::floor<std::chrono::minutes>(next[0]));
+  if (format == "json") {
+    nlohmann::ordered_json out = {{"schedule", name}, {"run_id", std::to_string(run)}, {"manual", true},
+                                  {"next_slot", next_text.empty() ? nlohmann::ordered_json()
+                                                                  : nlohmann::ordered_json(
+                                                                        next_text + "Z")}};
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "schedule " << name << " fired now (manual): run " << run
+            << "; its cron slots are unchanged"
+            << (next_text.empty() ? "" : " (next " + next_text + " UTC)") << ". Follow it with "
+            << "`trnflow watch " << run << "`; the site's workers run it.\n";
   return kExitOk;
 }
 

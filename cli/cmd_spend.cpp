@@ -227,13 +227,29 @@ int CmdEvents(const EventsArgs& a) {
   return kExitOk;
 }
 
+// The project naming rule, checked before the catalog is asked (which checks it too).
+static void RequireProjectName(const std::string& name) {
+  static const std::regex rule("[a-z0-9][a-z0-9-]{0,62}");
+  if (!std::regex_match(name, rule))
+    throw UserError("invalid project name '" + name + "': " + pipelines::ProjectNameHint(name));
+}
+
+// Budgets are the site's: members read them (`budget ls`) and may not change them, as in
+// docs/security.md's table of roles. Said as other refusals say it: what needed whom.
+static std::string BudgetRefusal(const std::string& doing, const std::string& project) {
+  return "permission denied: " + doing + " project " + project +
+         "'s budget needs the daemons' login (operators: as root on a host with "
+         "/etc/trnflow/daemon.url, or TRNFLOW_DATABASE_URL set to it) or the catalog owner's; "
+         "project members read budgets with `trnflow budget ls` and ask an operator to change "
+         "them (docs/security.md, \"Roles\")";
+}
+
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period) {
   Money amount;
   if (!Money::Parse(usd, &amount) || amount.micros() <= 0)
     throw UserError("budget " + usd +
                     ": expected a positive amount in dollars, e.g. 800 or 1250.50");
-  static const std::regex name("[a-z0-9][a-z0-9-]{0,62}");
-  if (!std::regex_match(project, name)) throw UserError("invalid project name '" + project + "'");
+  RequireProjectName(project);
   auto catalog = OpenCatalog();
   if (!catalog->ProjectExists(project)) {
     std::vector<std::string> names;
@@ -243,7 +259,11 @@ int CmdBudgetSet(const std::string& project, const std::string& usd, const std::
                              "; `trnflow project ls` lists them, `trnflow project add " + project +
                                  "` makes it"));
   }
-  catalog->SetBudget(project, amount, period);
+  try {
+    catalog->SetBudget(project, amount, period);
+  } catch (const PermissionDenied&) {
+    throw PermissionDenied(BudgetRefusal("setting", project));
+  }
   std::cout << "project " << project << ": budget " << amount.ToDollars() << " per "
             << (period == "month" ? "calendar month (UTC)" : "all time") << "\n";
   return kExitOk;
@@ -269,7 +289,13 @@ int CmdBudgetRemove(const std::string& project, const DeleteArgs& del) {
   }
   if (!Confirm("remove project " + project + "'s budget (" + what + ")?", del.yes))
     return Declined();
-  if (!catalog->RemoveBudget(project))
+  bool removed = false;
+  try {
+    removed = catalog->RemoveBudget(project);
+  } catch (const PermissionDenied&) {
+    throw PermissionDenied(BudgetRefusal("removing", project));
+  }
+  if (!removed)
     throw UserError("project '" + project + "' has no budget; `trnflow budget ls` lists them");
   std::cout << "project " << project << ": budget removed\n";
   return kExitOk;
@@ -321,6 +347,7 @@ int CmdBudgetList(const std::string& format) {
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
                   std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
                   std::optional<int64_t> job_uid) {
+  RequireProjectName(name);
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::string role = catalog->AddProject(name, members);
   if (max_stages_per_run || max_queued_stages || job_uid)
@@ -348,10 +375,16 @@ int CmdProjectList(const std::string& format) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& p : catalog->ListProjects()) {
     std::string members;
-    for (const auto& m : p.members) members += (members.empty() ? "" : ",") + m;
+    for (const auto& m : p.members) {
+      bool reads_only = std::find(p.readers.begin(), p.readers.end(), m) != p.readers.end();
+      members += (members.empty() ? "" : ", ") + m + (reads_only ? " (read)" : "");
+    }
     rows.push_back({p.name, p.role, members, std::to_string(p.runs)});
-    out.push_back(
-        {{"project", p.name}, {"role", p.role}, {"members", p.members}, {"runs", p.runs}});
+    out.push_back({{"project", p.name},
+                   {"role", p.role},
+                   {"members", p.members},
+                   {"readers", p.readers},
+                   {"runs", p.runs}});
   }
   if (format == "json") {
     std::cout << out.dump(2) << "\n";

@@ -39,6 +39,7 @@ int CmdInstances(const std::string& format, bool sources);
 int CmdModels(const std::string& format);
 // `job_uid_range`: "START-END" to set this catalog's job uid range, "" to keep it.
 int CmdDbMigrate(const std::string& job_uid_range);
+int CmdDbDrop(const DeleteArgs& del);
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
 // Runs one simulated attempt described by DIR/context.json in this process, printing
 // ::progress and ::checkpoint lines, and writes DIR/result.json: what a Slurm job runs for a
@@ -67,6 +68,7 @@ int CmdScheduleShow(const std::string& name, const std::string& format);
 // Re-reads and validates the file (errors: exit 2, nothing written), then replaces the
 // snapshot, and params or cron when given.
 int CmdScheduleUpdate(const ScheduleUpdateArgs& args);
+int CmdScheduleRun(const std::string& name, const std::string& format);
 int CmdSchedulePause(const std::string& name, bool paused);
 int CmdScheduleRemove(const std::string& name, const DeleteArgs& del);
 int CmdCacheList(const std::string& format);

@@ -170,6 +170,11 @@ int main(int argc, char** argv) {
 
   auto* plan = app.add_subcommand("plan", "estimate time and cost per stage");
   AddRunOptions(plan, plan_args, false);
+  plan_args.speed = 0;  // unless given: past runs as they ran
+  plan->add_option("--speed", plan_args.speed,
+                   "plan run: stages' past at this speed (their wall time x SPEED, as a run "
+                   "at that speed bills them); default: as they ran")
+      ->check(FiniteRange(1e-3, 1e9));
   AddFormat(plan, plan_args.format);
 
   schema::RunsQuery runs_query;
@@ -367,6 +372,11 @@ int main(int argc, char** argv) {
                          "drop the stored params first");
   sched_update->add_option("--cron", sched_update_args.cron, "a new cron expression");
   sched_update->add_option("--tz", sched_update_args.tz, "a new IANA time zone");
+  auto* sched_run = schedule->add_subcommand(
+      "run", "fire a schedule now, as its cron would (its snapshot and params); its cron slots "
+             "are unchanged");
+  sched_run->add_option("NAME", sched_name, "schedule")->required();
+  AddFormat(sched_run, sched_format);
   auto* sched_pause = schedule->add_subcommand("pause", "stop firing a schedule");
   sched_pause->add_option("NAME", sched_name, "schedule")->required();
   auto* sched_resume = schedule->add_subcommand("resume", "fire it again, from now on");
@@ -422,6 +432,11 @@ int main(int argc, char** argv) {
 
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
+  auto* db_drop = db->add_subcommand(
+      "drop", "drop the catalog: its database and the roles made for it (not the owner's role, "
+              "nor people's logins)");
+  DeleteArgs db_drop_args;
+  AddDeleteOptions(db_drop, db_drop_args);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
   std::string job_uid_range;
   migrate->add_option("--job-uid-range", job_uid_range,
@@ -532,12 +547,14 @@ int main(int argc, char** argv) {
     if (instances->parsed()) return CmdInstances(instances_format, instances_sources);
     if (models->parsed()) return CmdModels(models_format);
     if (migrate->parsed()) return CmdDbMigrate(job_uid_range);
+    if (db_drop->parsed()) return CmdDbDrop(db_drop_args);
     if (spend->parsed()) return CmdSpend(spend_args);
     if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);
     if (sched_ls->parsed()) return CmdScheduleList(sched_format);
     if (sched_show->parsed()) return CmdScheduleShow(sched_name, sched_format);
     if (sched_update->parsed()) return CmdScheduleUpdate(sched_update_args);
+    if (sched_run->parsed()) return CmdScheduleRun(sched_name, sched_format);
     if (sched_pause->parsed()) return CmdSchedulePause(sched_name, true);
     if (sched_resume->parsed()) return CmdSchedulePause(sched_name, false);
     if (sched_rm->parsed()) return CmdScheduleRemove(sched_name, sched_rm_args);

@@ -1425,7 +1425,7 @@ LoadResult Parser::Run() {
   if (!p_.project.empty() && !std::regex_match(p_.project, kPipelineName))
     diags_.Error(root["project"] && options_.project.empty() ? At(root["project"]) : Loc{},
                  "invalid project name '" + p_.project + "'",
-                 "use lowercase letters, digits and '-', starting with a letter or digit");
+                 ProjectNameHint(p_.project));
   if (root["budget_usd"])
     if (auto v = Number(root["budget_usd"], "budget_usd", top, 0.01, 1e9))
       p_.budget = Money::FromUsd(*v);
@@ -1565,6 +1565,20 @@ std::string CompileCacheInputs(const sim::Workload& w) {
                       {"compiler", kCompilerVersion},
                       {"compiler_flags", flags}};
   return j.dump();
+}
+
+// Why a project name is refused, and the name to use: no '_', because a project's PostgreSQL
+// roles spell '-' as '_' (trnflow_project_climate_lab), so 'climate_lab' and 'climate-lab'
+// would share one project's roles and rows.
+std::string ProjectNameHint(const std::string& name) {
+  std::string hint = "use lowercase letters, digits and '-', starting with a letter or digit";
+  if (name.find('_') != std::string::npos) {
+    std::string dashed = name;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    hint += "; not '_': a project's PostgreSQL roles spell '-' as '_', so '" + name +
+            "' would share the roles (and rows) of '" + dashed + "'; write '" + dashed + "'";
+  }
+  return hint;
 }
 
 }  // namespace trnflow::pipelines

@@ -101,6 +101,7 @@ Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
   const sim::Catalog& hw = sim::Catalog::Builtin();
   Plan plan;
   plan.pipeline = p.name;
+  plan.speed = inputs.speed;
   std::map<std::string, double> finish;  // critical path: hours from start to stage end
   std::map<std::string, size_t> index;
   for (size_t i : TopologicalOrder(p.stages)) {
@@ -122,7 +123,9 @@ Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
         seconds = *s.estimate_s;
         sp.source = EstimateSource::kEstimate;
       } else if (inputs.history && (past = inputs.history(s.spec.name)) && past->runs > 0) {
-        seconds = past->median_seconds;
+        seconds = inputs.speed > 0 && past->median_wall_seconds > 0
+                      ? past->median_wall_seconds * inputs.speed
+                      : past->median_seconds;
         sp.source = EstimateSource::kHistory;
         sp.history_runs = past->runs;
       } else {
@@ -212,6 +215,7 @@ std::string PlanToJson(const Plan& plan) {
                                 {"total_hours", Round(plan.total_hours, 3)},
                                 {"total_cost_usd", plan.total_cost.usd()},
                                 {"unknown_stages", plan.unknown_stages}};
+  if (plan.speed > 0) out["speed"] = plan.speed;
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
@@ -282,6 +286,10 @@ std::string PlanToTable(const Plan& plan) {
            " an `estimate:` (like `estimate: 30m`), or run the pipeline once: plan then uses "
            "the median of past runs.\n";
   }
+  if (plan.speed > 0)
+    out += Format("history stages planned at --speed %g: the wall time they took x %g, as a "
+                  "run at that speed bills them; `estimate:` is simulated time, unscaled.\n",
+                  plan.speed, plan.speed);
   return out;
 }
 

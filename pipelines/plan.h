@@ -28,6 +28,7 @@ std::string_view ToString(EstimateSource source);
 struct StageHistory {
   double median_seconds = 0;
   int runs = 0;
+  double median_wall_seconds = 0;  // what the command took in wall time (for PlanInputs::speed)
 };
 
 struct StagePlan {
@@ -60,6 +61,7 @@ struct Plan {
   double total_hours = 0;  // the critical path
   Money total_cost;  // with unknown stages at their billing minimum: then a floor
   std::vector<std::string> unknown_stages;  // run: stages of unknown length, in file order
+  double speed = 0;  // PlanInputs::speed
 };
 
 struct PlanInputs {
@@ -69,6 +71,10 @@ struct PlanInputs {
   // The past of a run: stage without `estimate:`, by its (expanded) name; nullopt when it has
   // none. Unset: no history.
   std::function<std::optional<StageHistory>(const std::string&)> history;
+  // `plan --speed S`: a run: stage's past is planned at S, as a run at S would bill it (its
+  // median wall time x S). 0: as it ran (its median simulated time). `estimate:` is simulated
+  // time and is not scaled.
+  double speed = 0;
 };
 
 // `is_cached(key)`: whether the compile cache holds a graph for a compile stage's key (then

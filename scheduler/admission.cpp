@@ -5,8 +5,13 @@
 
 namespace trnflow::scheduler {
 
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog) {
-  if (!catalog) return pipelines::MakePlan(p);
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+                             double speed) {
+  if (!catalog) {
+    pipelines::PlanInputs none;
+    none.speed = speed;
+    return pipelines::MakePlan(p, none);
+  }
   std::vector<std::string> unestimated;
   for (const auto& s : p.stages)
     if (s.spec.kind == StageKind::kRun && !s.estimate_s) unestimated.push_back(s.spec.name);
@@ -20,8 +25,10 @@ pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* cata
   in.history = [&past](const std::string& stage) -> std::optional<pipelines::StageHistory> {
     auto it = past.find(stage);
     if (it == past.end()) return std::nullopt;
-    return pipelines::StageHistory{it->second.median_seconds, it->second.runs};
+    return pipelines::StageHistory{it->second.median_seconds, it->second.runs,
+                                   it->second.median_wall_seconds};
   };
+  in.speed = speed;
   return pipelines::MakePlan(p, in);
 }
 
@@ -31,7 +38,7 @@ std::optional<pipelines::Plan> PlanForAdmission(schema::Catalog& catalog,
   if (o->force) return std::nullopt;
   const std::string& project = o->project.empty() ? p.project : o->project;
   if (!p.budget && catalog.ProjectBudgets(project).empty()) return std::nullopt;
-  pipelines::Plan plan = EstimatePlan(p, &catalog);
+  pipelines::Plan plan = EstimatePlan(p, &catalog, o->speed);  // at the run's own speed
   o->planned_cost = plan.total_cost;
   o->unknown_stages = static_cast<int>(plan.unknown_stages.size());
   return plan;

@@ -14,8 +14,10 @@ namespace trnflow::scheduler {
 // The plan of `p` (its project is the one it will be charged to). With a catalog: compile
 // stages whose graph is in the cache cost $0, and run: stages without `estimate:` take the
 // median of their past runs in the same project and pipeline. With none (`plan` when the
-// catalog is unreachable): neither. Throws CatalogUnavailable if the catalog fails midway.
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog);
+// catalog is unreachable): neither. `speed`: the run's (a command is billed its wall time
+// times it); 0: past runs as they ran. Throws CatalogUnavailable if the catalog fails midway.
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+                             double speed = 0);
 
 // Fills `o`'s admission fields from the plan of `p`, when a budget applies (the run's own
 // budget_usd or its project's); returns that plan, or nullopt when no budget applies (nothing

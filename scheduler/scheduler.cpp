@@ -83,6 +83,52 @@ void GuardBudgets(schema::Catalog& c) {
 
 }  // namespace
 
+namespace {
+// A schedule's snapshot with its params and project, as every fire of it submits it.
+pipelines::LoadResult LoadSnapshot(schema::Catalog& c, const schema::ScheduleRow& s) {
+  nlohmann::json params = nlohmann::json::parse(s.params_json, nullptr, false);
+  pipelines::LoadOptions opts;
+  if (params.is_object())
+    for (auto& [k, v] : params.items()) opts.params[k] = v.get<std::string>();
+  opts.project = s.project;
+  // Bounded before expansion (a schedule holding a million-stage file costs the daemon
+  // nothing): the project's quotas as submit_run counts them.
+  opts.stage_bound = [&c](const std::string& project) {
+    auto room = c.GetStageRoom(project);
+    return pipelines::QuotaStageBound(project, room.max_stages_per_run, room.max_queued_stages,
+                                      room.unfinished);
+  };
+  return pipelines::ParsePipeline(s.source, s.file, opts);
+}
+
+schema::SubmitOptions FireOptions(const schema::ScheduleRow& s) {
+  schema::SubmitOptions so;
+  so.project = s.project;
+  so.speed = s.speed;
+  so.workdir = s.workdir;
+  return so;
+}
+}  // namespace
+
+int64_t FireScheduleNow(schema::Catalog& c, const std::string& name) {
+  auto s = c.GetSchedule(name);
+  if (!s) throw UserError("there is no schedule '" + name + "'; `trnflow schedule ls` lists them");
+  if (s->paused)
+    throw UserError("schedule " + name + " is paused, and a paused schedule does not fire; "
+                    "`trnflow schedule resume " + name + "` first");
+  auto loaded = LoadSnapshot(c, *s);
+  if (!loaded.pipeline)
+    throw UserError("schedule " + name + ": its snapshot no longer validates (the cron's fires "
+                    "are skipped too):\n" + loaded.diagnostics.Format() +
+                    "\nfix the file and `trnflow schedule update " + name + "`");
+  schema::SubmitOptions so = FireOptions(*s);
+  so.seed = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());  // its own market, as each slot has
+  PlanForAdmission(c, *loaded.pipeline, &so);  // admitted by the budget as a cron fire is
+  return c.FireScheduleNow(name, *loaded.pipeline, so);
+}
+
 int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point now) {
   auto log = Logger("scheduler.cron");
   auto epoch = [](SysTime t) {
@@ -114,27 +160,12 @@ int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point n
     else if (now - due.back() <= std::chrono::minutes(2))
       fire = {due.back()};
     if (!fire.empty()) {
-      nlohmann::json params = nlohmann::json::parse(s.params_json, nullptr, false);
-      pipelines::LoadOptions opts;
-      if (params.is_object())
-        for (auto& [k, v] : params.items()) opts.params[k] = v.get<std::string>();
-      opts.project = s.project;
-      // Bounded before expansion (a schedule holding a million-stage file costs the daemon
-      // nothing): the project's quotas as submit_run counts them.
-      opts.stage_bound = [&c](const std::string& project) {
-        auto room = c.GetStageRoom(project);
-        return pipelines::QuotaStageBound(project, room.max_stages_per_run,
-                                          room.max_queued_stages, room.unfinished);
-      };
-      auto loaded = pipelines::ParsePipeline(s.source, s.file, opts);
+      auto loaded = LoadSnapshot(c, s);
       if (!loaded.pipeline) {
         log->error("schedule={}: its pipeline no longer validates:\n{}", s.name,
                    loaded.diagnostics.Format());
       } else {
-        schema::SubmitOptions so;
-        so.project = s.project;
-        so.speed = s.speed;
-        so.workdir = s.workdir;
+        schema::SubmitOptions so = FireOptions(s);
         for (SysTime slot : fire) {
           so.seed = static_cast<int64_t>(epoch(slot));  // each slot its own market
           // Admitted by the budget like any submission (admission.h); a refused slot is

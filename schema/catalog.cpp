@@ -4,6 +4,8 @@
 // database and its roles.
 #include "schema/catalog.h"
 
+#include <libpq-fe.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,9 +50,31 @@ void Catalog::Impl::Connect() {
     std::string why = e.what();
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
     why = RedactSecrets(std::regex_replace(why, std::regex("\n"), " "), url);
-    throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(url) + ": " + why +
-                             ". Is PostgreSQL running (ops/setup.sh starts it)? Set "
-                             "TRNFLOW_DATABASE_URL to point elsewhere.");
+    // The server answered: say what it refused, not "is it running?".
+    static const std::regex no_role(R"re(role "([^"]+)" does not exist)re");
+    static const std::regex no_db(R"re(database "([^"]+)" does not exist)re");
+    std::smatch m;
+    std::string hint;
+    if (std::regex_search(why, m, no_role)) {
+      hint = ". PostgreSQL is running and has no role \"" + m[1].str() +
+             "\" (the login this connection used): a person needs a login of their own, "
+             "made by an administrator (CREATE ROLE " + m[1].str() +
+             " LOGIN; trnflow project grant PROJECT " + m[1].str() +
+             "; docs/security.md, \"How a lab adds a person\"), or set TRNFLOW_DATABASE_URL "
+             "to a login you have.";
+    } else if (why.find("authentication failed") != std::string::npos ||
+               why.find("no pg_hba.conf entry") != std::string::npos) {
+      hint = ". PostgreSQL is running and refused this login: check the user and password in "
+             "TRNFLOW_DATABASE_URL (a person uses their own login; docs/security.md).";
+    } else if (std::regex_search(why, m, no_db)) {
+      hint = ". PostgreSQL is running and has no database \"" + m[1].str() +
+             "\": set TRNFLOW_DATABASE_URL to the catalog's database, or create it "
+             "(docs/operations.md, \"Install\").";
+    } else {
+      hint = ". Is PostgreSQL running (ops/setup.sh starts it)? Set TRNFLOW_DATABASE_URL to "
+             "point elsewhere.";
+    }
+    throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(url) + ": " + why + hint);
   }
 }
 
@@ -221,6 +245,36 @@ std::string RandomSecret() {
   return out;
 }
 
+std::string CatalogAddress(const std::string& url) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
+  if (!options) {
+    if (error) PQfreemem(error);
+    return "";
+  }
+  std::string host, port, dbname, user;
+  for (PQconninfoOption* o = options; o->keyword; ++o) {
+    std::string key = o->keyword, value = o->val ? o->val : "";
+    if (value.empty() && o->envvar) {
+      const char* env = std::getenv(o->envvar);
+      if (env) value = env;
+    }
+    if (key == "host" || (key == "hostaddr" && host.empty())) host = value;
+    if (key == "port") port = value;
+    if (key == "dbname") dbname = value;
+    if (key == "user") user = value;
+  }
+  PQconninfoFree(options);
+  if (host.empty() || host[0] == '/' || host == "localhost" || host == "127.0.0.1" ||
+      host == "::1")
+    host = "local";
+  if (port.empty()) port = "5432";
+  if (user.empty())
+    if (const passwd* pw = ::getpwuid(::geteuid())) user = pw->pw_name;
+  if (dbname.empty()) dbname = user;
+  return host + ":" + port + "/" + dbname;
+}
+
 std::string WithLogin(const std::string& url, const std::string& user,
                       const std::string& password) {
   static const std::regex uri(R"(^(postgres(?:ql)?://)(?:[^@/]*@)?(.*)$)");
@@ -238,13 +292,79 @@ std::string EnableDaemonLogin(const std::string& owner_url) {
   return WithLogin(owner_url, role, password);
 }
 
+CatalogDropPlan PlanCatalogDrop(const std::string& owner_url) {
+  CatalogDropPlan plan;
+  try {
+    pqxx::connection c(owner_url);
+    pqxx::nontransaction nt(c);
+    plan.database = nt.exec("SELECT current_database()")[0][0].as<std::string>();
+    if (nt.exec("SELECT to_regclass('trnflow.settings') IS NULL")[0][0].as<bool>())
+      throw UserError("database " + plan.database + " holds no trnflow catalog (no schema "
+                      "trnflow): `db drop` drops only a catalog; drop other databases with "
+                      "DROP DATABASE yourself");
+    plan.catalog_id = nt.exec("SELECT coalesce((SELECT value FROM trnflow.settings WHERE key = "
+                              "'catalog_id'), '')")[0][0]
+                          .as<std::string>();
+    if (plan.catalog_id.empty())
+      throw UserError("database " + plan.database + " has a trnflow schema without a catalog "
+                      "id (older than migration 0008): run `trnflow db migrate` first, so its "
+                      "roles can be told from other catalogs'");
+    // The comment ensure_catalog_role writes: "trnflow catalog <id> (<database>): <what>".
+    // Compared as a prefix, not with LIKE: '_' in a name is no wildcard here.
+    std::string prefix = "trnflow catalog " + plan.catalog_id + " (";
+    for (const auto& row : nt.exec_params(
+             "SELECT r.rolname FROM pg_roles r JOIN pg_shdescription d ON d.objoid = r.oid "
+             "AND d.classoid = 'pg_authid'::regclass "
+             "WHERE left(d.description, length($1)) = $1 ORDER BY r.rolname DESC",
+             prefix))
+      plan.roles.push_back(row[0].as<std::string>());
+    plan.runs = nt.exec("SELECT count(*) FROM trnflow.runs")[0][0].as<int64_t>();
+    plan.other_sessions = nt.exec("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                  "current_database() AND pid <> pg_backend_pid()")[0][0]
+                              .as<int64_t>();
+  } catch (const pqxx::broken_connection& e) {
+    throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(owner_url) + ": " +
+                             RedactSecrets(e.what(), owner_url));
+  }
+  return plan;
+}
+
+std::vector<std::string> DropCatalog(const std::string& owner_url, const CatalogDropPlan& plan) {
+  pqxx::connection c(WithDatabase(owner_url, "postgres"));
+  std::string db = c.quote_name(plan.database);
+  try {
+    pqxx::nontransaction(c).exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");
+  } catch (const pqxx::insufficient_privilege&) {
+    // FORCE ends only the sessions this login may end; the daemons' are not the owner's.
+    try {
+      pqxx::nontransaction(c).exec("DROP DATABASE IF EXISTS " + db);
+    } catch (const pqxx::sql_error& e) {
+      std::string why = e.what();
+      why = why.substr(0, why.find('\n'));
+      throw Refused("cannot drop database " + plan.database + ": " + why +
+                    "; stop the daemons (scheduler, workers, serve) and close other sessions on "
+                    "it, then run `trnflow db drop` again; nothing was dropped");
+    }
+  }
+  std::vector<std::string> kept;
+  for (const auto& role : plan.roles) {
+    try {
+      pqxx::nontransaction(c).exec("DROP ROLE IF EXISTS " + c.quote_name(role));
+    } catch (const pqxx::sql_error& e) {  // still granted or owning something elsewhere
+      kept.push_back(role + " (" + std::string(e.what()).substr(0, 200) + ")");
+    }
+  }
+  return kept;
+}
+
 void DropCatalogRoles(const std::string& admin_url, const std::string& name) {
   pqxx::connection c(admin_url);
   pqxx::nontransaction nt(c);
   pqxx::result roles = nt.exec_params(
       "SELECT r.rolname FROM pg_roles r JOIN pg_shdescription d ON d.objoid = r.oid "
       "AND d.classoid = 'pg_authid'::regclass "
-      "WHERE d.description LIKE 'trnflow catalog % (' || $1 || '): %' ORDER BY r.rolname DESC",
+      "WHERE d.description LIKE 'trnflow catalog %' "
+      "AND position(' (' || $1 || '): ' IN d.description) > 0 ORDER BY r.rolname DESC",
       name);
   for (const auto& row : roles) {
     try {

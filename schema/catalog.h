@@ -340,7 +340,8 @@ struct SpendRow {
 struct ProjectRow {
   std::string name;
   std::string role;
-  std::vector<std::string> members;
+  std::vector<std::string> members;  // the people: writers, then those who only read
+  std::vector<std::string> readers;  // the members who may only read
   int64_t runs = 0;
 };
 
@@ -386,6 +387,7 @@ struct ScheduleRow {
 struct StageHistoryRow {
   double median_seconds = 0;
   int runs = 0;
+  double median_wall_seconds = 0;  // simulated seconds / the run's speed
 };
 
 struct MigrateReport {
@@ -623,6 +625,10 @@ class Catalog {
   // 0 when the slot had already fired (another scheduler, a restart). Moves last_slot on.
   int64_t FireSchedule(const std::string& name, double slot_epoch,
                        const pipelines::Pipeline& pipeline, const SubmitOptions& options);
+  // Fires it now, outside its cron (`schedule run`): records a manual fire at this moment and
+  // submits the run in one transaction, as FireSchedule does, and leaves last_slot alone.
+  int64_t FireScheduleNow(const std::string& name, const pipelines::Pipeline& pipeline,
+                          const SubmitOptions& options);
   // Marks slots up to `slot_epoch` as past without firing them (catch-up none/latest).
   void AdvanceSchedule(const std::string& name, double slot_epoch);
 
@@ -697,6 +703,25 @@ std::string EnableDaemonLogin(const std::string& owner_url);
 // Drops the roles `db migrate` and `project` made for the catalog in database `name` (found by
 // their comments); call after dropping the database.
 void DropCatalogRoles(const std::string& admin_url, const std::string& name);
+// Which catalog a libpq URL or connection string names, for comparing two of them: "host:port/
+// database", with the local socket and localhost alike as "local" and libpq's defaults filled
+// in (port 5432, the database named after the user). "" when it does not parse.
+std::string CatalogAddress(const std::string& url);
+// `trnflow db drop`: the catalog the schema owner's URL names — its database, its catalog id,
+// and the roles `db migrate` and `project` made for it (found by their comments, which name
+// this catalog's id: never another catalog's, whatever the names). Throws UserError when the
+// database holds no trnflow catalog.
+struct CatalogDropPlan {
+  std::string database;
+  std::string catalog_id;
+  std::vector<std::string> roles;
+  int64_t runs = 0;
+  int64_t other_sessions = 0;  // connections to the database besides this one
+};
+CatalogDropPlan PlanCatalogDrop(const std::string& owner_url);
+// Drops the plan's database (ending its sessions where this login may) and then its roles.
+// Returns the roles it could not drop (still granted in another database), named for a person.
+std::vector<std::string> DropCatalog(const std::string& owner_url, const CatalogDropPlan& plan);
 // A URL with its user and password replaced.
 std::string WithLogin(const std::string& url, const std::string& user, const std::string& password);
 // 32 random hex digits from the kernel, for generated passwords.

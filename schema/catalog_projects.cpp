@@ -82,9 +82,12 @@ std::vector<ProjectRow> Catalog::ListProjects() {
       ProjectRow p;
       p.name = row[0].as<std::string>();
       p.role = row[1].as<std::string>();
-      std::string members = row[2].as<std::string>();
-      if (!members.empty()) p.members = SplitComma(members);
-      p.runs = row[3].as<int64_t>();
+      std::string writers = row[2].as<std::string>();
+      std::string readers = row[3].as<std::string>();
+      if (!writers.empty()) p.members = SplitComma(writers);
+      if (!readers.empty()) p.readers = SplitComma(readers);
+      p.members.insert(p.members.end(), p.readers.begin(), p.readers.end());
+      p.runs = row[4].as<int64_t>();
       out.push_back(std::move(p));
     }
     return out;

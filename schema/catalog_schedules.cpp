@@ -109,6 +109,18 @@ int64_t Catalog::FireSchedule(const std::string& name, double slot_epoch,
   });
 }
 
+int64_t Catalog::FireScheduleNow(const std::string& name, const pipelines::Pipeline& pipeline,
+                                 const SubmitOptions& options) {
+  return impl_->Guard([&]() -> int64_t {
+    pqxx::work tx(impl_->C());
+    double slot = impl_->Exec(tx, "RecordManualFire", name)[0][0].as<double>();
+    int64_t run_id = impl_->Submit(tx, pipeline, options);
+    impl_->Exec(tx, "SetManualFireRun", name, slot, run_id);
+    tx.commit();
+    return run_id;
+  });
+}
+
 void Catalog::AdvanceSchedule(const std::string& name, double slot_epoch) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -19,7 +19,8 @@ std::map<std::string, StageHistoryRow> Catalog::StageHistory(
     pqxx::work tx(impl_->C());
     std::map<std::string, StageHistoryRow> out;
     for (const auto& row : impl_->Exec(tx, "StageHistory", project, pipeline, TextArray(stages)))
-      out[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<int>()};
+      out[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<int>(),
+                                       row[3].as<double>()};
     return out;
   });
 }

@@ -205,11 +205,19 @@ SELECT trnflow.set_job_uid_range($1, $2);
 SELECT coalesce((SELECT value FROM trnflow.settings WHERE key = 'job_uid_range'), '');
 
 -- name: ListProjects
+-- The people of each project: the roles granted its writer role (read and write), then those
+-- granted only its read role (the writer role, a member of the read role, is not a person).
 SELECT p.name, trnflow.project_role(p.name),
        coalesce((SELECT string_agg(m.rolname, ',' ORDER BY m.rolname)
                  FROM pg_roles g JOIN pg_auth_members am ON am.roleid = g.oid
                  JOIN pg_roles m ON m.oid = am.member
-                 WHERE g.rolname = trnflow.project_role(p.name)), ''),
+                 WHERE g.rolname = trnflow.project_writer_role(p.name)), ''),
+       coalesce((SELECT string_agg(m.rolname, ',' ORDER BY m.rolname)
+                 FROM pg_roles g JOIN pg_auth_members am ON am.roleid = g.oid
+                 JOIN pg_roles m ON m.oid = am.member
+                 WHERE g.rolname = trnflow.project_role(p.name)
+                   AND m.rolname <> trnflow.project_writer_role(p.name)
+                   AND NOT pg_has_role(m.oid, trnflow.project_writer_role(p.name), 'MEMBER')), ''),
        (SELECT count(*) FROM trnflow.runs r WHERE r.project = p.name)
 FROM trnflow.projects p ORDER BY p.name;
 

@@ -26,6 +26,15 @@ DELETE FROM trnflow.schedules WHERE name = $1 RETURNING name;
 INSERT INTO trnflow.schedule_fires (schedule, slot) VALUES ($1, to_timestamp($2))
 ON CONFLICT (schedule, slot) DO NOTHING RETURNING slot;
 
+-- name: RecordManualFire
+-- A fire asked for now (`schedule run`): its slot is the moment, marked manual.
+INSERT INTO trnflow.schedule_fires (schedule, slot, manual) VALUES ($1, clock_timestamp(), true)
+RETURNING extract(epoch FROM slot)::float8;
+
+-- name: SetManualFireRun
+UPDATE trnflow.schedule_fires SET run_id = $3
+WHERE schedule = $1 AND manual AND extract(epoch FROM slot)::float8 = $2;
+
 -- name: SetFireRun
 UPDATE trnflow.schedule_fires SET run_id = $3 WHERE schedule = $1 AND slot = to_timestamp($2);
 

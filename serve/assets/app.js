@@ -70,7 +70,8 @@ function showError(e) {
   main.replaceChildren(el('p', { class: 'error', id: 'error' }, String(e.message || e)));
 }
 
-// A table whose columns sort on a click. cols: [{key, label, num, fmt, sort}]; rows: objects.
+// A table whose columns sort on a click. cols: [{key, label, num, fmt, sort, class}]; rows:
+// objects; `class` is given to the column's cells (`wrap`: long text wraps).
 function sortableTable(id, cols, rows, totalRow) {
   let sortKey = null, asc = true;
   const table = el('table', { id });
@@ -91,7 +92,7 @@ function sortableTable(id, cols, rows, totalRow) {
     }, c.label + (sortKey === c.key ? (asc ? ' ▲' : ' ▼') : ''))));
     const body = sorted.map(r => el('tr', {}, cols.map(c => {
       const v = c.fmt ? c.fmt(r[c.key], r) : r[c.key];
-      return el('td', { class: c.num ? 'num' : null, id: c.id ? c.id(r) : null },
+      return el('td', { class: [c.num ? 'num' : null, c.class].filter(Boolean).join(' ') || null, id: c.id ? c.id(r) : null },
         v instanceof Node ? v : (v === null || v === undefined ? '' : String(v)));
     })));
     const foot = totalRow ? [el('tr', { class: 'total' }, cols.map(c => el('td', {
@@ -228,6 +229,56 @@ function stageCost(s) {
   return micros(s.cost_usd) + micros(s.running_cost_usd || 0);
 }
 
+// A running stage's progress as the CLI prints it (`trnflow watch`, `show`): "42%, 5.3 sim h
+// left (~3s)", from the progress and ETA its worker reports; '' when it reports none.
+function progressText(s, speed) {
+  if (s.state !== 'running' || s.progress === null || s.progress === undefined) return '';
+  let t = `${(100 * s.progress).toFixed(0)}%`;
+  if (s.eta_sim_seconds !== null && s.eta_sim_seconds !== undefined)
+    t += `, ${(s.eta_sim_seconds / 3600).toFixed(1)} sim h left (~${Math.ceil(s.eta_sim_seconds / Math.max(speed || 1, 1e-9))}s)`;
+  return t;
+}
+
+// Expanded matrix stages are told apart by the keys whose values differ between them: of
+// compile[batch=1,model=llama,seq_len=512] and compile[batch=8,model=llama,seq_len=512] the
+// label is compile[batch=1] and compile[batch=8]; the full name stays in the tooltip.
+function matrixLabels(stages) {
+  const parse = name => {
+    const base = matrixBase(name);
+    if (!base) return null;
+    const pairs = name.slice(base.length + 1, -1).split(',').map(p => p.split('='));
+    if (pairs.some(p => p.length !== 2)) return null;
+    return { base, pairs };
+  };
+  const values = new Map();  // base -> key -> Set of values
+  for (const s of stages) {
+    const m = parse(s.name);
+    if (!m) continue;
+    if (!values.has(m.base)) values.set(m.base, new Map());
+    for (const [k, v] of m.pairs) {
+      if (!values.get(m.base).has(k)) values.get(m.base).set(k, new Set());
+      values.get(m.base).get(k).add(v);
+    }
+  }
+  const labels = new Map();
+  for (const s of stages) {
+    const m = parse(s.name);
+    if (!m) { labels.set(s.name, s.name); continue; }
+    const vary = m.pairs.filter(([k]) => values.get(m.base).get(k).size > 1);
+    labels.set(s.name, vary.length ? `${m.base}[${vary.map(p => p.join('=')).join(',')}]` : s.name);
+  }
+  return labels;
+}
+
+function clip(text, n) { return text.length > n ? text.slice(0, n - 1) + '…' : text; }
+
+// A node's name: whole up to 40 characters (squeezed into the box past 26), cut beyond.
+function nameText(label, width) {
+  const long = label.length > 26;
+  return svg('text', { x: 8, y: 18, class: 'name', 'data-label': label,
+    textLength: long ? width : null, lengthAdjust: long ? 'spacingAndGlyphs' : null }, clip(label, 40));
+}
+
 // Stages whose state changed on this page through the event stream (not a reload): how often.
 const liveChanges = new Map();
 
@@ -262,6 +313,8 @@ function drawDag(run) {
   const width = PAD * 2 + cols.size * (W + GX) - GX;
   const height = PAD * 2 + maxRows * (H + GY) - GY;
   const root = svg('svg', { id: 'dag', width, height, viewBox: `0 0 ${width} ${height}` });
+  const label = matrixLabels(stages);
+  const speed = run.run.speed;
   for (const s of stages) for (const n of s.needs || []) {
     const a = pos.get(n), b = pos.get(s.name);
     if (!a || !b) continue;
@@ -287,12 +340,14 @@ function drawDag(run) {
       root.append(g);
       continue;
     }
+    const progress = progressText(s, speed);
     const g = svg('g', { class: 'node', 'data-stage': s.name, 'data-state': s.state,
       'data-live-changes': liveChanges.get(s.name) || null, transform: `translate(${p.x},${p.y})` },
-      svg('title', {}, `${s.name}: ${s.state}` + (s.last_message ? ` — ${s.last_message}` : '')),
+      svg('title', {}, `${s.name}: ${s.state}` + (progress ? `, ${progress}` : '') + (s.last_message ? ` — ${s.last_message}` : '')),
       svg('rect', { width: W, height: H }),
-      svg('text', { x: 8, y: 18, class: 'name' }, s.name.length > 26 ? s.name.slice(0, 25) + '…' : s.name),
-      svg('text', { x: 8, y: 36, class: 'sub state-text' }, s.state),
+      nameText(label.get(s.name), W - 16),
+      svg('text', { x: 8, y: 36, class: 'sub' }, svg('tspan', { class: 'state-text' }, s.state),
+        progress ? svg('tspan', { class: 'progress', 'data-progress': s.progress.toFixed(4) }, ` · ${clip(progress, 22)}`) : null),
       svg('text', { x: 8, y: 49, class: 'sub' },
         `${s.attempts.length} attempt${s.attempts.length === 1 ? '' : 's'} · ${dollarsMicros(stageCost(s))}` +
         (s.state === 'cached' ? ' · cache hit' : '')));
@@ -303,7 +358,7 @@ function drawDag(run) {
 
 function drawTimeline(run) {
   const attempts = [];
-  for (const s of run.stages) for (const a of s.attempts) attempts.push({ stage: s.name, ...a });
+  for (const s of run.stages) for (const a of s.attempts) attempts.push({ stage: s.name, ...a, live_cost_usd: s.running_cost_usd || 0 });
   // A collapsed matrix stage is one lane with one bar: from its first start to its last end.
   const groups = run.stages.filter(s => s.matrix && s.matrix.first_started_at);
   const starts = attempts.map(a => Date.parse(a.queued_at || a.started_at))
@@ -315,7 +370,8 @@ function drawTimeline(run) {
   const t0 = Math.min(...starts), t1 = Math.max(t0 + 1, ...ends);
   const LABEL = 200, W = 760, LANE = 22, PAD = 10;
   const lanes = run.stages.map(s => s.name);
-  const laneLabel = new Map(run.stages.map(s => [s.name, s.matrix ? `${s.name} ×${s.matrix.count}` : s.name]));
+  const short = matrixLabels(run.stages);
+  const laneLabel = new Map(run.stages.map(s => [s.name, s.matrix ? `${s.name} ×${s.matrix.count}` : short.get(s.name)]));
   const height = PAD * 2 + lanes.length * LANE + 18;
   const x = t => LABEL + ((t - t0) / (t1 - t0)) * W;
   const root = svg('svg', { id: 'timeline', width: LABEL + W + PAD * 2, height });
@@ -323,7 +379,10 @@ function drawTimeline(run) {
     const y = PAD + i * LANE;
     root.append(svg('line', { class: 'axis', x1: LABEL, x2: LABEL + W, y1: y + LANE - 2, y2: y + LANE - 2 }));
     const label = laneLabel.get(name);
-    root.append(svg('text', { class: 'lane-label', x: 4, y: y + 15 }, label.length > 28 ? label.slice(0, 27) + '…' : label));
+    // Whole up to 40 characters (squeezed into the label's room past 28), the name on hover.
+    const long = label.length > 28;
+    root.append(svg('text', { class: 'lane-label', 'data-stage': name, x: 4, y: y + 15,
+      textLength: long ? LABEL - 12 : null, lengthAdjust: long ? 'spacingAndGlyphs' : null }, clip(label, 40), svg('title', {}, name)));
   });
   for (const s of groups) {
     const m = s.matrix;
@@ -352,7 +411,8 @@ function drawTimeline(run) {
     const outcome = a.outcome || 'running';
     const bx = x(s), bw = Math.max(3, x(e) - x(s));
     const tip = `${a.stage} attempt ${a.attempt}: ${outcome} on ${a.instance_type} (${a.market}), ` +
-      `${a.sim_hours.toFixed(2)} sim h, ${dollars(a.cost_usd)}` + (a.message ? ` — ${a.message}` : '');
+      (a.outcome ? `${a.sim_hours.toFixed(2)} sim h, ${dollars(a.cost_usd)}` : `${dollars(a.live_cost_usd)} so far`) +
+      (a.message ? ` — ${a.message}` : '');
     // Queue wait: from the stage becoming ready to this attempt starting, drawn before its bar.
     const q = a.queued_at ? Date.parse(a.queued_at) : NaN;
     if (!isNaN(q) && q < s) {
@@ -510,6 +570,25 @@ function logPanel(id) {
   };
 }
 
+// The timeline's key: each swatch is drawn with the very classes of the bars it stands for,
+// so its colour is theirs by construction.
+const LEGEND = [
+  ['wait', 'waiting for a worker (ready → started)'],
+  ['attempt outcome-running', 'running'],
+  ['attempt outcome-succeeded', 'succeeded'],
+  ['attempt outcome-cached', 'cached'],
+  ['attempt outcome-spot_interruption', 'interrupted (spot, capacity, lost)'],
+  ['attempt outcome-failed', 'failed, timed out, cancelled, over budget'],
+  ['attempt outcome-mixed', 'matrix stage, mixed outcomes'],
+  ['attempt outcome-succeeded market-spot', 'dashed outline: spot'],
+];
+function legend() {
+  return el('div', { class: 'legend', id: 'legend' },
+    LEGEND.map(([cls, text]) => el('span', { 'data-class': cls },
+      svg('svg', { class: 'swatch', width: 14, height: 10 }, svg('rect', { class: cls, x: 0.5, y: 0.5, width: 13, height: 9 })), text)),
+    el('span', {}, '✕ interrupted'), el('span', {}, '| last checkpoint'), el('span', {}, '↻ resumed from a checkpoint'));
+}
+
 async function pageRun(main, id) {
   const logs = logPanel(id);
   let last = null;
@@ -542,10 +621,7 @@ async function pageRun(main, id) {
             reloadRun();
           } }, `collapse ${b}`))),
       el('h2', {}, 'Timeline'),
-      el('div', { class: 'legend' },
-        el('span', {}, el('i', { class: 'lg-wait' }), 'waiting for a worker (ready → started)'),
-        el('span', {}, el('i', { class: 'lg-ok' }), 'running, one bar per attempt; dashed outline: spot'),
-        el('span', {}, '✕ interrupted'), el('span', {}, '| last checkpoint'), el('span', {}, '↻ resumed from a checkpoint')),
+      legend(),
       drawTimeline(run),
       logs.panel,
       el('h2', {}, 'Attempts'),
@@ -554,16 +630,23 @@ async function pageRun(main, id) {
         { key: 'outcome', label: 'Outcome', fmt: v => v || 'running' },
         { key: 'instance_type', label: 'Instance' }, { key: 'market', label: 'Market' },
         { key: 'sim_hours', label: 'Sim hours', num: true, fmt: v => v.toFixed(2) },
-        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars },
+        { key: 'cost_usd', label: 'Cost', num: true, fmt: dollars,
+          id: a => a.attempt !== null && !a.outcome ? `attempt-cost-${a.stage}-${a.attempt}` : null },
         { key: 'wasted_usd', label: 'Wasted', num: true, fmt: dollars },
-        { key: 'message', label: 'Why' }],
+        { key: 'message', label: 'Why', class: 'wrap' }],
         run.stages.flatMap(s => s.matrix
           ? (s.matrix.attempts ? [{ stage: `${s.name} ×${s.matrix.count}`, attempt: null,
               outcome: Object.entries(s.matrix.outcomes).map(([k, v]) => `${v} ${k}`).join(', '),
               instance_type: s.instance_type, market: s.market, sim_hours: s.matrix.sim_hours,
               cost_usd: s.cost_usd + (s.running_cost_usd || 0), wasted_usd: s.matrix.wasted_usd,
               message: `${s.matrix.attempts} attempts of a matrix stage: click it above to list them` }] : [])
-          : s.attempts.map(a => ({ stage: s.name, ...a })))));
+          : s.attempts.map(a => a.outcome ? { stage: s.name, ...a }
+            // The running attempt: what it has cost so far, the figure the header counts, and
+            // its progress (as `trnflow show --stage` prints them).
+            : { stage: s.name, ...a, cost_usd: s.running_cost_usd || 0, message: progressText(s, r.speed) || a.message }))));
+    // The page's width against the window's, for layout checks (tests/serve).
+    main.setAttribute('data-scroll-width', document.documentElement.scrollWidth);
+    main.setAttribute('data-window-width', window.innerWidth);
     logs.update(run);
   };
   // The run as the event stream last told of it (?after), matrix stages collapsed but those

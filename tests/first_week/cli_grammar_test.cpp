@@ -67,7 +67,7 @@ const std::set<std::string> kNoData = {
     "cancel",        "resume",         "retry",          "db migrate",      "worker",
     "scheduler",     "schedule add",   "schedule pause", "schedule resume", "schedule rm",
     "cache rm",      "cache untrust",  "budget set",     "budget rm",       "project add",
-    "project grant", "schedule update", "serve"};
+    "project grant", "schedule update", "serve",          "db drop"};
 
 // Every "" in `j` (a value that should have been null), as JSON pointers; and values that
 // break the rules by key: ids must be strings, dollars numbers.
@@ -123,6 +123,11 @@ const Fixture& Data() {
                          "--cron '0 2 * * *' --tz Europe/Berlin")
                   .exit_code,
               0);
+    // One for `schedule run` to fire (nightly keeps no last run).
+    EXPECT_EQ(RunTrnflow("schedule add tryme examples/nightly-precompile/pipeline.yaml "
+                         "--cron '0 3 * * *'")
+                  .exit_code,
+              0);
     auto cache = nlohmann::json::parse(RunTrnflow("cache ls --format json").out, nullptr, false);
     if (cache.is_array() && !cache.empty()) f.cache_key = cache[0]["key"].get<std::string>();
     return f;
@@ -149,6 +154,7 @@ std::map<std::string, std::string> ArgsFor(const Fixture& f) {
       {"cache trust", "--list"},
       {"explain", f.run_id + " evaluate"},
       {"schedule show", "nightly"},
+      {"schedule run", "tryme"},
   };
 }
 
@@ -245,7 +251,7 @@ TEST(CliGrammar, JsonSaysWhatTheTablesSay) {
   EXPECT_EQ(models[0]["parameters"].type(), nlohmann::json::value_t::number_float);
   // schedule ls: the next slot and no last run yet.
   auto sched = ParseJson(RunTrnflow("schedule ls --format json"), "schedule ls");
-  ASSERT_EQ(sched.size(), 1u);
+  ASSERT_EQ(sched.size(), 2u);
   EXPECT_EQ(sched[0]["name"], "nightly");
   EXPECT_TRUE(sched[0]["last_run_id"].is_null());
   EXPECT_TRUE(std::regex_match(sched[0]["next_at"].get<std::string>(),
@@ -341,6 +347,7 @@ TEST(CliGrammar, EveryCommandExitsThreeWithoutTheCatalog) {
       {"schedule update", "n"},
       {"explain", "1 train"},
       {"schedule resume", "n"},
+      {"schedule run", "n"},
       {"schedule rm", "n"},
       {"cache show", "abcdef"},
       {"cache rm", "abcdef"},

@@ -237,7 +237,7 @@ std::string Browse(std::string url, const std::string& screenshot = "", int budg
     EXPECT_TRUE(fs::exists(ArtifactDir() + "/" + screenshot)) << s.out;
   }
   std::string profile = fresh();
-  Shell s = Sh(common(profile) + "--dump-dom '" + url + "' 2>/dev/null");
+  Shell s = Sh(common(profile) + "--window-size=1400,1100 --dump-dom '" + url + "' 2>/dev/null");
   fs::remove_all(profile);
   EXPECT_EQ(s.code, 0) << s.out;
   return s.out;
@@ -803,7 +803,7 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   // The timeline: one bar per attempt, the interrupted training attempt marked as such.
   size_t bars = 0;
   for (const auto& s : show["stages"]) bars += s["attempts"].size();
-  std::regex bar(R"(<rect class="attempt )");
+  std::regex bar(R"(<rect class="attempt [^"]*" data-stage=)");
   EXPECT_EQ(static_cast<size_t>(std::distance(
                 std::sregex_iterator(dom.begin(), dom.end(), bar), std::sregex_iterator())),
             bars);
@@ -885,6 +885,124 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
   EXPECT_EQ(std::distance(std::sregex_iterator(collapsed.begin(), collapsed.end(), nodes),
                           std::sregex_iterator()),
             5) << "prepare, train, compile ×6, serve, evaluate";
+}
+
+// Issue 35: the run page at 1400 px: every colour on the timeline has its key in the legend
+// (drawn with the bars' own classes), the attempts table fits (its WHY column wraps), and the
+// expanded matrix stages are named in full, not cut.
+TEST_F(Serve, TheRunPagesLegendMatchesItsBarsAndItFitsAt1400Pixels) {
+  std::string run = std::to_string(climate_run_);
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
+                               "?live=0&expand=all",
+                           "run-" + run + "-1400.png");
+  std::set<std::string> outcomes;
+  std::regex bar(R"re(<rect class="attempt (outcome-[a-z_]+)[^"]*" data-stage=)re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), bar); it != std::sregex_iterator(); ++it)
+    outcomes.insert((*it)[1]);
+  ASSERT_GE(outcomes.size(), 2u) << "the climate run has succeeded and interrupted attempts";
+  size_t legend = dom.find("id=\"legend\"");
+  ASSERT_NE(legend, std::string::npos);
+  std::string key = dom.substr(legend, dom.find("</div>", legend) - legend);
+  for (const auto& o : outcomes)
+    EXPECT_NE(key.find("<rect class=\"attempt " + o + "\""), std::string::npos)
+        << o << " is drawn on the timeline but has no key: " << key;
+  EXPECT_NE(key.find("<rect class=\"wait\""), std::string::npos) << key;
+  EXPECT_NE(key.find("market-spot"), std::string::npos) << key;
+  // Nothing runs off the page: the page is no wider than the window.
+  std::smatch w;
+  ASSERT_TRUE(std::regex_search(dom, w, std::regex(R"re(data-scroll-width="(\d+)" data-window-width="(\d+)")re")))
+      << dom.substr(0, 2000);
+  EXPECT_EQ(w[2], "1400");
+  EXPECT_LE(std::stoi(w[1]), 1400) << "the page is wider than a 1400 px window";
+  EXPECT_NE(dom.find("<td class=\"wrap\">spot interruption after"), std::string::npos);
+  // Expanded matrix stages: named by the keys that vary (here both), never cut.
+  for (const auto& s : CliJson("show " + run + " --format json")["stages"]) {
+    std::string name = s["name"];
+    if (name.rfind("compile[", 0) != 0) continue;
+    EXPECT_NE(dom.find("data-label=\"" + name + "\""), std::string::npos) << name;
+    EXPECT_NE(dom.find("data-label=\"" + name + "\"" + std::string(R"( textLength="174" lengthAdjust="spacingAndGlyphs">)") + name + "</text>"),
+              std::string::npos)
+        << name << " is not shown whole:\n" << dom.substr(dom.find("data-label=\"" + name), 300);
+    EXPECT_TRUE(std::regex_search(dom, std::regex("<text class=\"lane-label\" data-stage=\"" +
+                                                  std::regex_replace(name, std::regex(R"([\[\]])"), R"(\$&)") +
+                                                  "\"[^>]*>" + std::regex_replace(name, std::regex(R"([\[\]])"), R"(\$&)") + "<title>")))
+        << name << "'s lane is not named whole";
+  }
+}
+
+// Expanded matrix stages whose keys do not all vary are named by those that do; the full
+// name is the tooltip.
+TEST_F(Serve, ExpandedMatrixStagesShowTheirVaryingKeys) {
+  auto sub = RunTrnflow("submit " + WriteTempFile("keys.yaml", R"(pipeline: keys
+project: climate-lab
+stages:
+  compile:
+    kind: compile
+    target: inf2
+    instance: trn1.2xlarge
+    model: "${{ matrix.model }}"
+    seq_len: "${{ matrix.seq_len }}"
+    matrix: {batch: [1, 8], model: [llama-3-8b], seq_len: [1024]}
+    batch: "${{ matrix.batch }}"
+)") + " --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.out << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run +
+                           "?live=0&expand=all");
+  for (const char* b : {"1", "8"}) {
+    std::string label = std::string("compile[batch=") + b + "]";
+    EXPECT_NE(dom.find("data-label=\"" + label + "\">" + label + "</text>"), std::string::npos)
+        << label << "\n" << dom.substr(0, 3000);
+    EXPECT_TRUE(std::regex_search(
+        dom, std::regex(std::string(R"(<title>compile\[[^\]]*batch=)") + b +
+                        R"([^\]]*model=llama-3-8b[^\]]*\]: )")))
+        << "the tooltip names the whole stage";
+  }
+  RunTrnflow("cancel " + run);
+}
+
+// Issue 35: a running run's page shows what `trnflow show` does: the stage's % and ETA, and
+// the running attempt's row costs what it has cost so far (the header's figure), not $0.00.
+TEST_F(Serve, ARunningRunsPageShowsProgressEtaAndTheLiveCost) {
+  std::string gate = fs::path(testing::JobVisibleDir("serve-progress-gate")) / "gate";
+  fs::remove(gate);
+  std::string yaml = std::string(R"(pipeline: progressing
+project: climate-lab
+stages:
+  crunch:
+    run: ["bash", "-c", "echo '::progress 0.42'; while [ ! -e GATE ]; do sleep 0.2; done"]
+    instance: c6i.xlarge
+)");
+  yaml = std::regex_replace(yaml, std::regex("GATE"), gate);
+  auto sub = RunTrnflow("submit " + WriteTempFile("progressing.yaml", yaml) +
+                        " --speed 100000 --format json");
+  ASSERT_EQ(sub.exit_code, 0) << sub.out << sub.err;
+  std::string run = Json(sub.out)["run_id"];
+  nlohmann::json stage;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto show = CliJson("show " + run + " --format json");
+        stage = show["stages"][0];
+        return stage["state"] == "running" && stage["progress"].is_number() &&
+               stage["eta_sim_seconds"].is_number() && stage["running_cost_usd"].is_number() &&
+               stage["running_cost_usd"].get<double>() >= 0.01;
+      },
+      60))
+      << stage.dump();
+  std::string dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run + "?live=0");
+  std::ofstream(gate) << "go\n";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(<tspan class="progress" data-progress="0\.4200"> · ([^<]*)</tspan>)re")))
+      << dom.substr(0, 4000);
+  EXPECT_TRUE(std::regex_match(std::string(m[1]), std::regex(R"(42%, [0-9.]+ sim h left.*)"))) << m[1];
+  std::string cost = ById(dom, "attempt-cost-crunch-1");
+  EXPECT_NE(cost, "");
+  EXPECT_NE(cost, "$0.00") << "the running attempt's row counts what it has cost so far";
+  EXPECT_EQ(cost, ById(dom, "run-cost")) << "the same figure as the header's";
+  EXPECT_TRUE(std::regex_search(dom, std::regex(R"re(<td class="wrap">42%, [0-9.]+ sim h left)re")))
+      << dom.substr(dom.find("id=\"attempts\""), 2000);
+  EXPECT_TRUE(WaitFor([&] { return Query("SELECT state FROM trnflow.runs WHERE id = " + run) == "succeeded"; }, 30));
+  fs::remove(gate);
 }
 
 TEST_F(Serve, TheRunsPageListsAndFiltersFromTheUrl) {
