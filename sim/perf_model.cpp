@@ -101,9 +101,10 @@ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 bool HasFeature(const Model& m, const char* f) {
   return std::find(m.features.begin(), m.features.end(), f) != m.features.end();
 }
-// Training stacks of models without rotary positions (HuggingFace BERT, Megatron-LM / NeMo
-// GPT on trn1) ran attention unfused; the NxD Llama recipes use the fused attention kernel.
-bool TrainsUnfusedAttention(const Model& m) { return !HasFeature(m, "rotary"); }
+// The training recipes of models with learned absolute positions (HuggingFace BERT,
+// Megatron-LM / NeMo GPT on trn1) run attention unfused; the NxD recipes of the rotary
+// (Llama-style) models use the fused attention kernel.
+bool TrainsUnfusedAttention(const Model& m) { return HasFeature(m, "absolute_position"); }
 // Serving on NeuronCore-v2 (inf2, trn1: transformers-neuronx and the NxD Inference of those
 // releases) materializes the prompt's attention scores; trn2 (NeuronCore-v3) prefills with
 // the flash-attention kernel.
