@@ -263,6 +263,8 @@ Estimate EstimateServe(const Workload& w, const InstanceType& t, int count) {
   int batch = b.active_sequences;
   e.ms_per_token = b.ms_per_token;
   e.ttft_ms = b.ttft_ms;
+  e.replicas_per_instance = b.replicas;
+  e.active_sequences = batch;
   // Every replica decodes a full compiled batch at once.
   e.tokens_per_second = replicas * batch / (e.ms_per_token / 1e3);
   double serve_s = w.duration_s;
@@ -332,7 +334,7 @@ Metrics StageMetrics(const Workload& w, const InstanceType& t, int count) {
       Estimate e = EstimateServe(w, t, count);
       int tp = std::max(1, w.tp_degree);
       int cores = t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips;
-      int replicas = std::max(1, cores / tp);
+      int replicas = w.replicas > 0 ? w.replicas : std::max(1, cores / tp);
       double per_replica = WeightBytes(w.model) + KvCacheBytes(w.model, std::max(1, w.batch),
                                                                w.input_tokens + w.output_tokens);
       m.hbm_used_gib = std::min(m.hbm_total_gib, replicas * per_replica / kGiB);

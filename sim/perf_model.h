@@ -17,6 +17,8 @@ struct Estimate {
   double ms_per_token = 0;       // deploy: decode latency per token at the batch
   double ttft_ms = 0;            // deploy: time to first token
   double mfu = 0;                // train: model FLOPs utilization used
+  int replicas_per_instance = 0; // deploy: replicas of tp_degree NeuronCores on each instance
+  int active_sequences = 0;      // deploy: sequences each replica decodes per step
 };
 
 // One training step, from first principles (sim/README.md): FLOPs per token including
