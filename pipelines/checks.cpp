@@ -57,7 +57,8 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
       case StageKind::kDeploy:
       case StageKind::kBenchmark: {
         if (sim::Fit f = sim::CheckServe(hw, w, *t); !f.ok) {
-          d.Error(s.At(f.message.find("NeuronCores, but") != std::string::npos ||
+          d.Error(s.At(f.message.rfind("replicas ", 0) == 0 ? "replicas"
+                       : f.message.find("NeuronCores, but") != std::string::npos ||
                                f.message.find("no accelerator") != std::string::npos
                            ? "instance"
                            : "tp_degree"),

@@ -156,10 +156,10 @@ const std::map<StageKind, std::vector<std::string>> kKindKeys = {
      {"model", "target", "tp_degree", "batch", "seq_len", "dtype", "compiler_flags"}},
     {StageKind::kDeploy,
      {"model", "tp_degree", "batch", "input_tokens", "output_tokens", "requests", "duration",
-      "seq_len"}},
+      "seq_len", "replicas", "max_concurrency"}},
     {StageKind::kBenchmark,
      {"model", "tp_degree", "batch", "input_tokens", "output_tokens", "requests", "duration",
-      "seq_len"}},
+      "seq_len", "replicas", "max_concurrency"}},
 };
 
 class Parser {
@@ -1150,6 +1150,19 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YamlNode& n
       int_field("seq_len", 1, 1 << 22, &w.seq_len);
       int_field("input_tokens", 1, 1 << 22, &w.input_tokens);
       int_field("output_tokens", 1, 1 << 22, &w.output_tokens);
+      // How the instance is shared (issue 38): replicas of tp_degree NeuronCores (checked
+      // against the instance's cores in checks.cpp), and a continuous-batching server's
+      // requests in flight per replica, at most the compiled batch.
+      int_field("replicas", 1, 1024, &w.replicas);
+      int_field("max_concurrency", 1, 4096, &w.max_concurrency);
+      if (w.max_concurrency > 0 && w.max_concurrency > w.batch)
+        diags_.Error(At(n["max_concurrency"]),
+                     "max_concurrency " + std::to_string(w.max_concurrency) +
+                         " is more than the compiled batch (" + std::to_string(w.batch) +
+                         "): a replica holds at most batch sequences at once",
+                     "set batch: " + std::to_string(w.max_concurrency) +
+                         " (the sequences the graph is compiled for), or max_concurrency: " +
+                         std::to_string(w.batch));
       for (const char* key : {"input_tokens", "output_tokens"})
         if (missing(key))
           diags_.Error(name_loc, "stage '" + st.base_name + "' needs " + key + ":",

@@ -139,6 +139,13 @@ Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
       sp.ms_per_token = e.ms_per_token;
       sp.ttft_ms = e.ttft_ms;
       sp.mfu = e.mfu;
+      if (e.replicas_per_instance > 0 && e.tokens_per_second > 0) {
+        sp.replicas_per_instance = e.replicas_per_instance;
+        sp.tp_degree = s.workload->tp_degree;
+        sp.max_concurrency = s.workload->max_concurrency;
+        sp.instance_tokens_per_second = e.tokens_per_second / std::max(1, s.spec.count);
+        sp.replica_tokens_per_second = sp.instance_tokens_per_second / e.replicas_per_instance;
+      }
       if (e.tokens_per_second > 0 && s.spec.kind != StageKind::kTrain) {
         double usd_per_hour = t->price(s.spec.market == Market::kSpot).usd() * s.spec.count;
         sp.usd_per_million_tokens = usd_per_hour / (e.tokens_per_second * 3600) * 1e6;
@@ -207,6 +214,16 @@ std::string PlanToJson(const Plan& plan) {
       j["ms_per_token"] = Round(s.ms_per_token, 2);
       j["ttft_ms"] = Round(s.ttft_ms, 1);
       j["usd_per_million_tokens"] = Round(s.usd_per_million_tokens, 3);
+      if (s.replicas_per_instance > 0) {
+        j["replicas_per_instance"] = s.replicas_per_instance;
+        j["neuron_cores_per_instance"] = s.replicas_per_instance * s.tp_degree;
+        if (s.max_concurrency > 0) j["max_concurrency"] = s.max_concurrency;
+        j["per_replica"] = {{"tokens_per_second", Round(s.replica_tokens_per_second, 1)},
+                            {"ms_per_token", Round(s.ms_per_token, 2)},
+                            {"ttft_ms", Round(s.ttft_ms, 1)}};
+        j["per_instance"] = {{"tokens_per_second", Round(s.instance_tokens_per_second, 1)},
+                             {"usd_per_million_tokens", Round(s.usd_per_million_tokens, 3)}};
+      }
     }
     stages.push_back(std::move(j));
   }
@@ -251,6 +268,12 @@ std::string PlanToTable(const Plan& plan) {
                     notes.empty() ? "" : "; ", s.tokens_per_second, s.ms_per_token, s.ttft_ms,
                     s.usd_per_million_tokens);
       notes += b;
+      if (s.replicas_per_instance > 0) {
+        std::snprintf(b, sizeof b, "; %d x tp%d per instance, %.0f tok/s per replica",
+                      s.replicas_per_instance, s.tp_degree, s.replica_tokens_per_second);
+        notes += b;
+        if (s.max_concurrency > 0) notes += ", " + std::to_string(s.max_concurrency) + " in flight";
+      }
     } else if (s.kind == "train" && s.tokens_per_second > 0) {
       char b[64];
       std::snprintf(b, sizeof b, "%s%.0f tok/s, MFU %.0f%%", notes.empty() ? "" : "; ",

@@ -53,6 +53,13 @@ struct StagePlan {
   double ttft_ms = 0;
   double mfu = 0;  // train: model FLOPs utilization the performance model derives
   double usd_per_million_tokens = 0;
+  // deploy, benchmark: how each instance is shared, and one replica's and one instance's
+  // output tokens/s (tokens_per_second above is the whole stage: every instance).
+  int replicas_per_instance = 0;
+  int tp_degree = 0;
+  int max_concurrency = 0;  // 0: static batches
+  double replica_tokens_per_second = 0;
+  double instance_tokens_per_second = 0;
 };
 
 struct Plan {

@@ -127,6 +127,17 @@ Fit CheckServe(const Catalog& c, const Workload& w, const InstanceType& t) {
                 " NeuronCores, but " + t.name + " has " + std::to_string(Cores(t)),
             inst.empty() ? "lower tp_degree" : "use " + inst + ", or lower tp_degree"};
   }
+  if (w.replicas > 0 && w.replicas * tp > Cores(t)) {
+    int fit = Cores(t) / tp;
+    std::string inst = SmallestWith(c, CompileFamily(t.family), w.replicas * tp);
+    return {false,
+            "replicas " + std::to_string(w.replicas) + " x tp_degree " + std::to_string(tp) +
+                " needs " + std::to_string(w.replicas * tp) + " NeuronCores, but " + t.name +
+                " has " + std::to_string(Cores(t)),
+            "set replicas: " + std::to_string(fit) + " (as many as fit)" +
+                (inst.empty() ? std::string(", or lower tp_degree")
+                              : ", or use " + inst + " for " + std::to_string(w.replicas) + " replicas")};
+  }
   int context = w.input_tokens + w.output_tokens;
   if (Fit f = CheckContext(w, context, "input_tokens + output_tokens ="); !f.ok) return f;
   return CheckReplica(c, w, t.family, tp, context > 0 ? context : w.seq_len);

@@ -9,6 +9,7 @@ namespace trnflow::sim {
 namespace {
 
 constexpr double kBytesBf16 = 2.0;
+
 constexpr double kGB = 1e9;
 
 // The constants below are the only fitted numbers of the performance model. They were fitted
@@ -34,6 +35,18 @@ constexpr double kServeMatmulEfficiency = 0.30;
 constexpr double kPrefillLayerSeconds = 175e-6;
 // Fixed cost of one prefill: the prompt to the device and the first token back.
 constexpr double kPrefillRequestSeconds = 3.0e-3;
+// Unfused attention (issue 38): where attention runs without a fused (flash) kernel, every
+// score of the heads x seq x seq matrix goes through HBM several times (scale, mask,
+// softmax, dropout, and in training their backward passes), at the bandwidth of small reads
+// (kKvStreamEfficiency). Bytes moved per score element and layer:
+// training (forward + backward) and prefill (forward only).
+constexpr double kTrainScoreBytes = 56;
+constexpr double kPrefillScoreBytes = 24;
+// A continuous-batching server (vLLM on Neuron; a deploy stage with max_concurrency): the
+// host schedules, samples and detokenizes between device steps (async scheduling is off on
+// Neuron), once per decode step; and per request HTTP, tokenization and scheduling.
+constexpr double kServerStepSeconds = 15e-3;
+constexpr double kServerRequestSeconds = 0.30;
 // Training:
 // Share of peak BF16 FLOP/s that training matmuls sustain.
 constexpr double kTrainMatmulEfficiency = 0.39;
@@ -85,6 +98,19 @@ double WeightsRead(const Model& m) {
 }
 double HeadDim(const Model& m) { return m.heads > 0 ? double(m.hidden) / m.heads : m.hidden; }
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+bool HasFeature(const Model& m, const char* f) {
+  return std::find(m.features.begin(), m.features.end(), f) != m.features.end();
+}
+// The training recipes of models with learned absolute positions (HuggingFace BERT,
+// Megatron-LM / NeMo GPT on trn1) run attention unfused; the NxD recipes of the rotary
+// (Llama-style) models use the fused attention kernel.
+bool TrainsUnfusedAttention(const Model& m) { return HasFeature(m, "absolute_position"); }
+// Serving on NeuronCore-v2 (inf2, trn1: transformers-neuronx and the NxD Inference of those
+// releases) materializes the prompt's attention scores; trn2 (NeuronCore-v3) prefills with
+// the flash-attention kernel.
+bool PrefillsUnfusedAttention(const InstanceType& t) {
+  return t.family == "inf2" || t.family == "trn1" || t.family == "trn1n";
+}
 
 }  // namespace
 
@@ -118,11 +144,21 @@ TrainBreakdown TrainStep(const Workload& w, const InstanceType& t, int count) {
   // Per layer, two all-reduces forward and two backward of the activations (seq x hidden).
   double stage_tp = 4 * (layers / b.pp) * AllReduceSeconds(s * h * kBytesBf16, b.tp,
                                                            CoreLinkBandwidth(t));
-  double stage = stage_compute + stage_tp;
-  b.sequences_per_step = std::max<double>(b.dp, std::ceil(kGlobalBatchTokens / s));
+  // Unfused attention: the score matrices of the core's heads through HBM, forward and
+  // backward, per layer of the stage.
+  double stage_attention =
+      TrainsUnfusedAttention(m)
+          ? (layers / b.pp) * CeilDiv(std::max(1, m.heads), b.tp) * s * s * kTrainScoreBytes /
+                (CoreBandwidth(t) * kKvStreamEfficiency)
+          : 0.0;
+  double stage = stage_compute + stage_tp + stage_attention;
+  b.sequences_per_step = w.global_batch > 0
+                             ? std::max<double>(b.dp, w.global_batch)
+                             : std::max<double>(b.dp, std::ceil(kGlobalBatchTokens / s));
   double microbatches = b.sequences_per_step / b.dp;
   b.compute_s = microbatches * stage_compute;
   b.tp_comm_s = microbatches * stage_tp;
+  b.attention_s = microbatches * stage_attention;
   b.bubble_s = (b.pp - 1) * stage;
   // Gradient all-reduce across instances: each instance holds min(1, cores / (tp x pp)) of
   // the model (fp32 gradients, reduced inside the instance over NeuronLink first); model
@@ -131,7 +167,7 @@ TrainBreakdown TrainStep(const Workload& w, const InstanceType& t, int count) {
   double groups = n / std::max(1.0, double(b.tp) * b.pp / cores);
   double network = std::max(1.0, t.network_gbps) * kGB / 8 * kNetworkEfficiency;
   b.dp_comm_s = groups > 1 ? 2 * (groups - 1) / groups * 4 * p * model_share / network : 0;
-  b.step_s = b.compute_s + b.tp_comm_s + b.bubble_s + b.dp_comm_s;
+  b.step_s = b.compute_s + b.tp_comm_s + b.attention_s + b.bubble_s + b.dp_comm_s;
   b.tokens_per_second = b.sequences_per_step * s / b.step_s;
   b.mfu = 6 * p * b.tokens_per_second / (double(cores) * n * CoreFlops(t));
   return b;
@@ -166,10 +202,14 @@ ServeBreakdown ServeStep(const Workload& w, const InstanceType& t) {
   int tp = std::max(1, w.tp_degree);
   int cores = CoresPerInstance(t);
   if (cores <= 0 || CoreBandwidth(t) <= 0 || CoreFlops(t) <= 0) return b;
-  b.replicas = std::max(1, cores / tp);
+  b.replicas = w.replicas > 0 ? w.replicas : std::max(1, cores / tp);
   double bw = CoreBandwidth(t), flops = CoreFlops(t), link = CoreLinkBandwidth(t);
   double layers = std::max(1, m.layers), h = m.hidden;
-  int batch = std::max(1, w.batch);
+  // With continuous batching the graph is compiled for `batch` sequences and at most
+  // max_concurrency are in flight: a step decodes those (the weights stream all the same).
+  bool server = w.max_concurrency > 0;
+  int batch = server ? std::max(1, std::min(w.batch, w.max_concurrency)) : std::max(1, w.batch);
+  b.active_sequences = batch;
   // Heads per core: query heads are split over the tp group; key/value heads too, but
   // with fewer KV heads than cores (grouped-query attention at large tp) each core keeps
   // a copy of one.
@@ -187,10 +227,14 @@ ServeBreakdown ServeStep(const Workload& w, const InstanceType& t) {
                  (tp * flops * kServeMatmulEfficiency) * 1e3;
   b.layer_ms = layers * (kDecodeLayerSeconds + batch * q_per_core * kDecodeHeadSeconds) * 1e3;
   b.collective_ms = layers * 2 * AllReduceSeconds(batch * h * kBytesBf16, tp, link) * 1e3;
-  b.ms_per_token =
-      std::max(b.weights_ms + b.kv_ms, b.compute_ms) + b.layer_ms + b.collective_ms;
+  b.server_step_ms = server ? kServerStepSeconds * 1e3 : 0.0;
+  b.ms_per_token = std::max(b.weights_ms + b.kv_ms, b.compute_ms) + b.layer_ms +
+                   b.collective_ms + b.server_step_ms;
   // Prefill: the whole prompt of every sequence, compute bound; causal attention costs
   // 2 x layers x input^2 x hidden FLOPs per sequence; the LM head runs on the last token.
+  // A server prefills each request as it arrives (one sequence); a static batch prefills
+  // all of its sequences together.
+  if (server) batch = 1;
   double n = w.input_tokens;
   double embedding = static_cast<double>(m.vocab) * h;
   double body = std::max(0.5 * m.parameters, m.parameters - 2 * embedding);
@@ -201,7 +245,13 @@ ServeBreakdown ServeStep(const Workload& w, const InstanceType& t) {
       layers * (kPrefillLayerSeconds +
                                2 * AllReduceSeconds(batch * n * h * kBytesBf16, tp, link)) *
                          1e3;
-  b.ttft_ms = b.prefill_compute_ms + b.prefill_overhead_ms;
+  // Unfused prefill attention: the core's query heads' n x n scores through HBM per layer.
+  b.prefill_attention_ms = PrefillsUnfusedAttention(t)
+                               ? batch * layers * q_per_core * n * n * kPrefillScoreBytes /
+                                     (bw * kKvStreamEfficiency) * 1e3
+                               : 0.0;
+  b.prefill_overhead_ms += server ? kServerRequestSeconds * 1e3 : 0.0;
+  b.ttft_ms = b.prefill_compute_ms + b.prefill_attention_ms + b.prefill_overhead_ms;
   return b;
 }
 
@@ -210,9 +260,11 @@ Estimate EstimateServe(const Workload& w, const InstanceType& t, int count) {
   ServeBreakdown b = ServeStep(w, t);
   if (b.ms_per_token <= 0) return e;
   int replicas = b.replicas * std::max(1, count);
-  int batch = std::max(1, w.batch);
+  int batch = b.active_sequences;
   e.ms_per_token = b.ms_per_token;
   e.ttft_ms = b.ttft_ms;
+  e.replicas_per_instance = b.replicas;
+  e.active_sequences = batch;
   // Every replica decodes a full compiled batch at once.
   e.tokens_per_second = replicas * batch / (e.ms_per_token / 1e3);
   double serve_s = w.duration_s;
@@ -282,7 +334,7 @@ Metrics StageMetrics(const Workload& w, const InstanceType& t, int count) {
       Estimate e = EstimateServe(w, t, count);
       int tp = std::max(1, w.tp_degree);
       int cores = t.cores_per_chip > 0 ? t.chips * t.cores_per_chip : t.chips;
-      int replicas = std::max(1, cores / tp);
+      int replicas = w.replicas > 0 ? w.replicas : std::max(1, cores / tp);
       double per_replica = WeightBytes(w.model) + KvCacheBytes(w.model, std::max(1, w.batch),
                                                                w.input_tokens + w.output_tokens);
       m.hbm_used_gib = std::min(m.hbm_total_gib, replicas * per_replica / kGiB);

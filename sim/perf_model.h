@@ -17,6 +17,8 @@ struct Estimate {
   double ms_per_token = 0;       // deploy: decode latency per token at the batch
   double ttft_ms = 0;            // deploy: time to first token
   double mfu = 0;                // train: model FLOPs utilization used
+  int replicas_per_instance = 0; // deploy: replicas of tp_degree NeuronCores on each instance
+  int active_sequences = 0;      // deploy: sequences each replica decodes per step
 };
 
 // One training step, from first principles (sim/README.md): FLOPs per token including
@@ -31,6 +33,7 @@ struct TrainBreakdown {
   double sequences_per_step = 0;    // global batch
   double compute_s = 0;             // per step: matmuls at the training efficiency
   double tp_comm_s = 0;             // per step: tensor-parallel all-reduces
+  double attention_s = 0;           // per step: unfused attention scores through HBM
   double bubble_s = 0;              // per step: pipeline fill and drain
   double dp_comm_s = 0;             // per step: gradient all-reduce across instances
   double step_s = 0;
@@ -42,14 +45,17 @@ TrainBreakdown TrainStep(const Workload& w, const InstanceType& t, int count);
 // One decode step (one output token for every sequence of the batch) and the prefill of one
 // batch, for one replica of tp_degree NeuronCores (sim/README.md).
 struct ServeBreakdown {
-  int replicas = 1;                // per instance: NeuronCores / tp_degree
+  int replicas = 1;                // per instance: `replicas`, or NeuronCores / tp_degree
+  int active_sequences = 1;        // decoded per step: batch, or max_concurrency (server)
   double weights_ms = 0;           // weights streamed from HBM
   double kv_ms = 0;                // KV cache streamed from HBM (GQA: fewer KV heads)
   double compute_ms = 0;           // matmuls at the serving efficiency (large batches)
   double layer_ms = 0;             // per-layer fixed cost and per (sequence, head) cost
   double collective_ms = 0;        // two all-reduces per layer, growing with tp_degree
+  double server_step_ms = 0;       // continuous-batching server: host work per step
   double ms_per_token = 0;
-  double prefill_compute_ms = 0;   // prompt FLOPs incl. attention quadratic in its length
+  double prefill_compute_ms = 0;
+  double prefill_attention_ms = 0; // unfused attention scores through HBM (inf2, trn1)   // prompt FLOPs incl. attention quadratic in its length
   double prefill_overhead_ms = 0;  // weights once, per-layer cost and collectives
   double ttft_ms = 0;
 };

@@ -34,6 +34,9 @@ std::string ToJson(const Workload& w) {
       {"output_tokens", w.output_tokens},
       {"requests", w.requests},
       {"duration_s", w.duration_s},
+      {"replicas", w.replicas},
+      {"max_concurrency", w.max_concurrency},
+      {"global_batch", w.global_batch},
   };
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -68,6 +71,10 @@ Workload WorkloadFromJson(std::string_view text) {
     w.output_tokens = j.at("output_tokens").get<int>();
     w.requests = j.at("requests").get<double>();
     w.duration_s = j.at("duration_s").get<double>();
+    // Absent in specs written before they existed.
+    w.replicas = j.value("replicas", 0);
+    w.max_concurrency = j.value("max_concurrency", 0);
+    w.global_batch = j.value("global_batch", 0.0);
     return w;
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("malformed workload: ") + e.what());

@@ -28,6 +28,14 @@ struct Workload {
   int output_tokens = 0;
   double requests = 0;
   double duration_s = 0;  // deploy/benchmark: serve for this long instead of a request count
+  // deploy/benchmark (issue 38): replicas of tp_degree NeuronCores per instance (0: as many
+  // as fit, cores / tp_degree); max_concurrency > 0 is a continuous-batching server (vLLM)
+  // that keeps at most that many requests in flight per replica on a graph compiled for
+  // `batch` sequences (0: a static batch, every replica decodes full batches).
+  int replicas = 0;
+  int max_concurrency = 0;
+  // train: sequences per optimizer step (0: the model's default, 4 Mi tokens).
+  double global_batch = 0;
 };
 
 std::string ToJson(const Workload&);

@@ -36,7 +36,8 @@ Model ModelOf(const YAML::Node& n) {
   m.ffn = n["ffn"].as<int>();
   m.vocab = n["vocab"].as<int>();
   m.context = n["context"].as<int>();
-  m.architecture = "decoder";
+  m.architecture = n["architecture"].as<std::string>("decoder");
+  if (n["features"]) m.features = n["features"].as<std::vector<std::string>>();
   m.parameters = n["parameters"] ? n["parameters"].as<double>() : ParametersFromShape(m);
   return m;
 }
@@ -50,6 +51,8 @@ const InstanceType& InstanceOf(const YAML::Node& n) {
 struct Figure {
   std::string what;
   std::string split;
+  std::string regime;      // the kind of run (sim/README.md's per-regime table)
+  double tolerance = 0.25; // |error| within which the figure counts as reproduced
   std::string instance;
   std::string model;
   std::string metric;
@@ -70,25 +73,31 @@ std::vector<Figure> Evaluate() {
     w.seq_len = row["seq_len"].as<int>();
     w.input_tokens = row["input_tokens"].as<int>();
     w.output_tokens = row["output_tokens"].as<int>();
+    w.max_concurrency = row["concurrency"].as<int>(0);
     const InstanceType& t = InstanceOf(row["instance"]);
     ServeBreakdown s = ServeStep(w, t);
     Figure f;
     f.split = row["split"].as<std::string>();
+    f.tolerance = row["tolerance"].as<double>(0.25);
     f.instance = t.name;
     f.model = w.model.name;
     char what[160];
-    std::snprintf(what, sizeof what, "tp%-2d b%d in%-5d out%-5d", w.tp_degree, w.batch,
+    std::snprintf(what, sizeof what, "tp%-2d b%d%s in%-5d out%-5d", w.tp_degree, w.batch,
+                  w.max_concurrency > 0 ? (" c" + std::to_string(w.max_concurrency)).c_str() : "",
                   w.input_tokens, w.output_tokens);
     f.what = what;
     if (row["ms_per_token"]) {
       f.metric = "ms/token";
       f.published = row["ms_per_token"].as<double>();
       f.model_value = s.ms_per_token;
+      f.regime = "decode";
     } else {
       f.metric = "TTFT ms";
       f.published = row["ttft_ms"].as<double>();
       f.model_value = s.ttft_ms;
+      f.regime = w.input_tokens >= 1500 ? "long-prompt TTFT" : "short-prompt TTFT";
     }
+    f.regime = row["regime"].as<std::string>(f.regime);
     out.push_back(f);
   }
   for (const auto& row : b["training"]) {
@@ -98,11 +107,15 @@ std::vector<Figure> Evaluate() {
     w.tp = row["tp"].as<int>();
     w.pp = row["pp"].as<int>();
     w.seq_len = row["seq_len"].as<int>();
+    w.global_batch = row["global_batch"].as<double>(0);
     int nodes = row["nodes"].as<int>();
     const InstanceType& t = InstanceOf(row["instance"]);
     TrainBreakdown tb = TrainStep(w, t, nodes);
     Figure f;
     f.split = row["split"].as<std::string>();
+    f.tolerance = row["tolerance"].as<double>(0.25);
+    f.regime = row["regime"].as<std::string>(w.model.parameters < 2e10 ? "small-model training"
+                                                                         : "large-model training");
     f.instance = std::to_string(nodes) + " x " + t.name;
     f.model = w.model.name;
     char what[160];
@@ -181,7 +194,11 @@ TEST(Benchmarks, HoldoutHalfErrors) {
   Summary s = Summarize(all, "holdout");
   ASSERT_GT(s.n, 20u);
   EXPECT_LE(s.median, 0.15) << "median |error| on figures the model was not fitted to";
-  EXPECT_LE(s.worst, 0.40) << "worst |error| on figures the model was not fitted to";
+  // Issue 38: at least 80% of the holdout within each figure's tolerance.
+  size_t within = std::count_if(all.begin(), all.end(), [](const Figure& f) {
+    return f.split == "holdout" && std::abs(f.error()) <= f.tolerance;
+  });
+  EXPECT_GE(within * 5, s.n * 4) << within << " of " << s.n << " holdout figures within tolerance";
   // The holdout covers every family the issue names: inf2, trn1, trn2 serving and training.
   for (const char* family : {"inf2.", "trn1.", "trn2."})
     EXPECT_TRUE(std::any_of(all.begin(), all.end(),
@@ -190,6 +207,38 @@ TEST(Benchmarks, HoldoutHalfErrors) {
                                      f.instance.find(family) != std::string::npos;
                             }))
         << family;
+}
+
+// The holdout per regime (sim/README.md prints this table): every regime the issue names has
+// held-out figures, and none has a median |error| over 35%.
+TEST(Benchmarks, HoldoutPerRegime) {
+  auto all = Evaluate();
+  std::vector<std::string> regimes;
+  for (const auto& f : all)
+    if (f.split == "holdout" &&
+        std::find(regimes.begin(), regimes.end(), f.regime) == regimes.end())
+      regimes.push_back(f.regime);
+  std::sort(regimes.begin(), regimes.end());
+  std::printf("\n| regime | holdout figures | within tolerance | median abs error | worst |\n"
+              "|---|---|---|---|---|\n");
+  for (const auto& r : regimes) {
+    std::vector<double> e;
+    size_t within = 0;
+    for (const auto& f : all)
+      if (f.split == "holdout" && f.regime == r) {
+        e.push_back(std::abs(f.error()));
+        within += std::abs(f.error()) <= f.tolerance;
+      }
+    std::sort(e.begin(), e.end());
+    double median = e.size() % 2 ? e[e.size() / 2] : (e[e.size() / 2 - 1] + e[e.size() / 2]) / 2;
+    std::printf("| %s | %zu | %zu | %.1f%% | %.1f%% |\n", r.c_str(), e.size(), within,
+                100 * median, 100 * e.back());
+    EXPECT_LE(median, 0.35) << r;
+  }
+  for (const char* r : {"decode", "long-prompt TTFT", "short-prompt TTFT",
+                        "small-concurrency serving", "small-model training",
+                        "large-model training"})
+    EXPECT_NE(std::find(regimes.begin(), regimes.end(), r), regimes.end()) << r;
 }
 
 // Llama-3 70B serving held out on inf2, trn1 and trn2: every published figure within 30%

@@ -547,4 +547,50 @@ stages:
   EXPECT_NE(err.find("parameters may be left out when ffn is given"), std::string::npos) << err;
 }
 
+// Issue 38: a deploy stage says how it shares the instance. One TP8 replica on 8 of
+// inf2.48xlarge's 24 cores behind a continuous-batching server, against the default (as many
+// replicas as fit, full static batches): plan reports both per replica and per instance.
+TEST(Plan, DeployReplicasAndMaxConcurrencyArePlannedPerReplicaAndPerInstance) {
+  auto text = [](const std::string& extra) {
+    return "pipeline: p\nproject: lab\nstages:\n  serve:\n    kind: deploy\n"
+           "    instance: inf2.48xlarge\n    model: llama-3.1-8b\n    tp_degree: 8\n"
+           "    batch: 32\n    input_tokens: 1500\n    output_tokens: 250\n"
+           "    requests: 1000\n" + extra;
+  };
+  auto one = Parse(text("    replicas: 1\n    max_concurrency: 1\n"));
+  ASSERT_TRUE(one.pipeline.has_value()) << one.diagnostics.Format();
+  const sim::Workload& w = *one.pipeline->stages[0].workload;
+  EXPECT_EQ(w.replicas, 1);
+  EXPECT_EQ(w.max_concurrency, 1);
+  auto all = Parse(text(""));
+  ASSERT_TRUE(all.pipeline.has_value()) << all.diagnostics.Format();
+  EXPECT_EQ(all.pipeline->stages[0].workload->replicas, 0);  // as many as fit
+
+  Plan p1 = MakePlan(*one.pipeline), p3 = MakePlan(*all.pipeline);
+  const StagePlan& a = p1.stages[0];
+  const StagePlan& b = p3.stages[0];
+  EXPECT_EQ(a.replicas_per_instance, 1);
+  EXPECT_EQ(b.replicas_per_instance, 3);  // 24 cores / tp 8
+  // One request in flight decodes one token per step; a full batch of 32 decodes 32 at a
+  // slower step: more throughput, longer per-token latency.
+  EXPECT_NEAR(a.replica_tokens_per_second, 1000 / a.ms_per_token, 1e-6);
+  EXPECT_GT(b.replica_tokens_per_second, 10 * a.replica_tokens_per_second);
+  EXPECT_NEAR(b.instance_tokens_per_second, 3 * b.replica_tokens_per_second, 1e-6);
+  // The server prefills one prompt per request: its TTFT is far below a 32-prompt batch's.
+  EXPECT_LT(a.ttft_ms * 5, b.ttft_ms);
+  std::string json = PlanToJson(p1);
+  for (const char* key : {"\"replicas_per_instance\": 1", "\"neuron_cores_per_instance\": 8",
+                          "\"max_concurrency\": 1", "\"per_replica\"", "\"per_instance\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key << "\n" << json;
+  EXPECT_NE(PlanToTable(p1).find("1 x tp8 per instance"), std::string::npos) << PlanToTable(p1);
+
+  // Four TP8 replicas do not fit inf2.48xlarge; they do fit trn1.32xlarge (32 cores).
+  std::string err = OnlyError(Parse(text("    replicas: 4\n")));
+  EXPECT_NE(err.find("p.yaml:13:15: error: stage 'serve': replicas 4 x tp_degree 8 needs 32 "
+                     "NeuronCores, but inf2.48xlarge has 24"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("set replicas: 3"), std::string::npos) << err;
+}
+
 }  // namespace trnflow::pipelines
