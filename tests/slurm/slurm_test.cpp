@@ -591,6 +591,13 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  // RUNNING in squeue is the allocation; the batch script starts a moment later (seconds on
+  // a loaded host). A node set down before that never launches the job, and Slurm holds the
+  // node's CPUs for the job it never started: wait for the wrapper's begin.
+  std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
+  fs::path begin = fs::path(CliHome()) / "slurm" / ("uid-" + uid) /
+                   ("run-" + std::to_string(run)) / "work.attempt-1" / "begin";
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(begin); }, 30)) << begin;
   std::string node = Sh("squeue -h -j " + job + " -o %N");
   Sh("scontrol update nodename=" + node + " state=down reason=trnflow-test");
   EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60)) << RunState(run);
@@ -598,7 +605,13 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
       << AttemptCol(run, "work", 1, "message");
   EXPECT_NE(AttemptCol(run, "work", 1, "message").find("NODE_FAIL"), std::string::npos);
   Sh("scontrol update nodename=" + node + " state=resume");
-  EXPECT_TRUE(WaitFor([&] { return Sh("sinfo -h -N -n " + node + " -o %t").find("idle") == 0; }, 30));
+  std::string seen;  // the states seen, for the failure message
+  EXPECT_TRUE(WaitFor([&] {
+    std::string st = Sh("sinfo -h -N -n " + node + " -o %t");
+    if (seen.size() < 400) seen += st.substr(0, st.find('\n')) + " ";
+    return st.find("idle") == 0;
+  }, 30)) << seen << "\n"
+      << Sh("sinfo -N -o '%N %t %E'") << "\n" << Sh("squeue -t all -w " + node);
 }
 
 TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {
