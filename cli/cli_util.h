@@ -23,6 +23,7 @@ inline constexpr int64_t kDefaultSeed = 7;
 struct ExecutorArgs {
   std::string executor = "local";  // local | slurm
   std::string partition, account, shared_dir;
+  std::string slurm_config;  // the partition map (instance types, devices)
   bool spot_partition = false;
 };
 

@@ -113,6 +113,24 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
       throw UserError("--partition " + a.partition + ": Slurm has no such partition" +
                       NameHint(a.partition, names, "; `sinfo` lists them"));
   }
+  if (!a.slurm_config.empty()) {
+    std::ifstream in(a.slurm_config);
+    if (!in) throw UserError("--slurm-config " + a.slurm_config + ": cannot read it");
+    std::stringstream text;
+    text << in.rdbuf();
+    if (std::string e = workers::slurm::ParsePartitions(text.str(), a.slurm_config, &s.partitions,
+                                                          &s.arrays);
+        !e.empty())
+      throw UserError(e);
+    std::vector<std::string> names;
+    std::istringstream known(partitions);
+    for (std::string line; std::getline(known, line);)
+      if (!line.empty()) names.push_back(line);
+    for (const auto& p : s.partitions)
+      if (std::find(names.begin(), names.end(), p.name) == names.end())
+        throw UserError(a.slurm_config + ": partition " + p.name + ": Slurm has no such partition" +
+                        NameHint(p.name, names, "; `sinfo` lists them"));
+  }
   std::error_code ec;
   std::filesystem::create_directories(s.shared_dir, ec);
   if (ec) throw UserError("--shared-dir " + s.shared_dir + ": " + ec.message());
@@ -133,9 +151,10 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
     throw UserError("--job-limits: " + e);
   const ExecutorArgs& ex = args.executor;
   if (ex.executor != "slurm" && (!ex.partition.empty() || !ex.account.empty() ||
-                                 !ex.shared_dir.empty() || ex.spot_partition))
-    throw UserError("--partition, --account, --shared-dir and --spot-partition are for "
-                    "--executor slurm");
+                                 !ex.shared_dir.empty() || ex.spot_partition ||
+                                 !ex.slurm_config.empty()))
+    throw UserError("--partition, --account, --shared-dir, --spot-partition and --slurm-config "
+                    "are for --executor slurm");
   if (ex.executor == "slurm") o.slurm = SlurmFromArgs(ex);
 }
 

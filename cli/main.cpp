@@ -118,6 +118,9 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
                   "(default: $TRNFLOW_HOME/slurm)");
   cmd->add_flag("--spot-partition", e.spot_partition,
                 "slurm: the partition is spot capacity (a node failure is an interruption)");
+  cmd->add_option("--slurm-config", e.slurm_config,
+                  "slurm: a YAML file mapping partitions to instance types and devices "
+                  "(stages go to their instance's partition, with --gres)");
 }
 
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {

@@ -14,6 +14,12 @@
 #   batch   (default) node1,node2, never preempted
 #   spot    node1,node2, preemptible: a job in `urgent` cancels spot jobs in its way
 #   urgent  node1,node2, higher priority tier (for preemption tests)
+# Each node has two fake Neuron devices as a generic resource (GresTypes=neuron, gres.conf
+# with File= pointing at plain files under $dir/dev/NODE/), so `--gres=neuron:N` is scheduled
+# and shows in `scontrol show job` as on a trn1 node (which has 16).
+# Accounting: Debian's slurmdbd needs a MariaDB server; this test cluster keeps to job
+# completion logging instead (JobCompType=jobcomp/filetxt), which `sacct -c` reads: the job's
+# state, elapsed time and node count, what trnflow bills from.
 set -euo pipefail
 
 dir="${TRNFLOW_SLURM_DIR:-/var/tmp/trnflow-slurm}"
@@ -32,9 +38,18 @@ alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 write_conf() {
   local cpus mem
-  cpus=$(nproc)
+  # Eight job slots a node whatever the host has (config_overrides: slurmd believes the
+  # configuration): the jobs of tests mostly wait, and a 200-task array should not queue four
+  # at a time.
+  cpus=$(( $(nproc) > 8 ? $(nproc) : 8 ))
   mem=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) / 4 ))
-  mkdir -p "$dir"/{state,log,munge,spool/node1,spool/node2}
+  mkdir -p "$dir"/{state,log,munge,spool/node1,spool/node2,dev/node1,dev/node2}
+  touch "$dir"/dev/node{1,2}/neuron{0,1}
+  cat > "$dir/gres.conf" <<EOF
+# Written by ops/slurm.sh: two fake Neuron devices per node (plain files).
+NodeName=node1 Name=neuron File=$dir/dev/node1/neuron[0-1]
+NodeName=node2 Name=neuron File=$dir/dev/node2/neuron[0-1]
+EOF
   cat > "$conf" <<EOF
 # Written by ops/slurm.sh: a one-host test cluster. Not for production.
 ClusterName=trnflow
@@ -60,6 +75,8 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
 MpiDefault=none
+SlurmdParameters=config_overrides
+GresTypes=neuron
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
@@ -70,8 +87,8 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 Waittime=0
-NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 1)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
-NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 2)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 1)) CPUs=$cpus RealMemory=$mem Gres=neuron:2 State=UNKNOWN
+NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port + 2)) CPUs=$cpus RealMemory=$mem Gres=neuron:2 State=UNKNOWN
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 PartitionName=batch Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF

@@ -13,6 +13,7 @@
 #include "common/money.h"
 #include "common/stage_spec.h"
 #include "workers/sandbox.h"
+#include "workers/slurm.h"
 
 namespace trnflow::workers {
 
@@ -112,6 +113,13 @@ struct SlurmOptions {
   bool spot_partition = false;  // a node failure there is the market reclaiming it
   double poll_s = 1;            // one squeue per this, for all of the worker's jobs
   int submit_tries = 6;         // sbatch when the controller does not answer, with backoff
+  // The operator's partition map (--slurm-config): a stage goes to the partition mapped to its
+  // instance type and market, with --gres for its devices; unmapped ones to `partition`.
+  std::vector<slurm::Partition> partitions;
+  // Matrix expansions submitted within `array_window_s` of each other with the same options
+  // go out as one job array (--slurm-config's max_array_size, max_submit_jobs).
+  slurm::ArrayLimits arrays;
+  double array_window_s = 1;
 };
 
 // Runs every kind of stage as one Slurm batch job per attempt (docs/executors.md).
@@ -123,8 +131,10 @@ class SlurmExecutor final : public Executor {
 
  private:
   struct Monitor;
+  struct Arrays;
   SlurmOptions opt_;
   std::unique_ptr<Monitor> monitor_;
+  std::unique_ptr<Arrays> arrays_;
 };
 
 // trnflow-r<run>-s<stage>-a<attempt>: one squeue --name finds every job of a stage.

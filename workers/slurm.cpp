@@ -1,5 +1,9 @@
 #include "workers/slurm.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 #include <vector>
@@ -105,9 +109,14 @@ WrapperFiles ParseWrapperFiles(const std::optional<std::string>& begin, bool not
   f.noticed = notice;
   if (begin) {
     f.began = true;
-    char* end = nullptr;
-    double t = std::strtod(begin->c_str(), &end);
-    if (end != begin->c_str()) f.began_at = t;
+    std::istringstream in(*begin);
+    std::string t;
+    if (in >> t) {
+      char* end = nullptr;
+      double v = std::strtod(t.c_str(), &end);
+      if (end != t.c_str()) f.began_at = v;
+    }
+    in >> f.job;
   }
   if (exit) {
     std::istringstream in(*exit);
@@ -136,6 +145,126 @@ bool TransientSubmitError(const std::string& err) {
                         "Resource temporarily unavailable", "Communication connection failure"})
     if (err.find(s) != std::string::npos) return true;
   return false;
+}
+
+bool IsMatrixExpansion(const std::string& stage_name) {
+  return stage_name.size() > 2 && stage_name.back() == ']' &&
+         stage_name.find('[') != std::string::npos;
+}
+
+std::string ParsePartitions(const std::string& text, const std::string& path,
+                            std::vector<Partition>* out, ArrayLimits* limits) {
+  auto at = [&](const YAML::Node& n) {
+    const YAML::Mark m = n.Mark();
+    return path + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
+  };
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+           ": not YAML (" + e.msg + ")";
+  }
+  if (!root.IsMap() || !root["partitions"] || !root["partitions"].IsMap())
+    return path + ":1:1: expected `partitions:` mapping each Slurm partition to "
+                  "{instance: TYPE, ...}; see docs/executors.md";
+  ArrayLimits lim;
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    if (key == "max_array_size" || key == "max_submit_jobs") {
+      int v = -1;
+      try {
+        v = kv.second.as<int>();
+      } catch (const YAML::Exception&) {
+      }
+      int low = key == "max_array_size" ? 1 : 0;
+      if (v < low || v > 1000000)
+        return at(kv.second) + "`" + key + "`: expected a whole number from " +
+               std::to_string(low) + " to 1000000" +
+               (key == "max_array_size" ? " (below the cluster's MaxArraySize; 1: no arrays)"
+                                        : " (the site's MaxSubmitJobs; 0: no limit)");
+      (key == "max_array_size" ? lim.max_array_size : lim.max_submit_jobs) = v;
+    } else if (key != "partitions") {
+      return at(kv.first) + "unknown key `" + key +
+             "`; the file has `partitions:`, `max_array_size:` and `max_submit_jobs:`";
+    }
+  }
+  if (limits) *limits = lim;
+  for (const auto& kv : root["partitions"]) {
+    Partition p;
+    p.name = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (!v.IsMap()) return at(v) + "partition " + p.name + ": expected {instance: TYPE, ...}";
+    for (const auto& f : v) {
+      std::string k = f.first.as<std::string>();
+      try {
+        if (k == "instance") {
+          p.instance = f.second.as<std::string>();
+        } else if (k == "spot") {
+          p.spot = f.second.as<bool>();
+        } else if (k == "gres") {
+          p.gres = f.second.as<std::string>();
+        } else if (k == "devices") {
+          p.devices = f.second.as<int>();
+          if (p.devices < 0 || p.devices > 1024) throw YAML::Exception(f.second.Mark(), "");
+        } else if (k == "cores_per_device") {
+          p.cores_per_device = f.second.as<int>();
+          if (p.cores_per_device < 1 || p.cores_per_device > 1024)
+            throw YAML::Exception(f.second.Mark(), "");
+        } else {
+          return at(f.first) + "unknown key `" + k +
+                 "`; a partition has instance, spot, gres, devices, cores_per_device";
+        }
+      } catch (const YAML::Exception&) {
+        return at(f.second) + "`" + k + "` of partition " + p.name +
+               ": expected " +
+               (k == "spot" ? "true or false"
+                            : k == "devices" || k == "cores_per_device" ? "a whole number (devices "
+                                                                          "0..1024, cores 1..1024)"
+                                                                        : "a name");
+      }
+    }
+    if (p.instance.empty())
+      return at(kv.first) + "partition " + p.name + " has no `instance:`; name the instance "
+                                                    "type of its nodes (e.g. trn1.32xlarge)";
+    if (!p.gres.empty() && p.devices == 0)
+      return at(kv.first) + "partition " + p.name + " has `gres: " + p.gres +
+             "` but no `devices:`; say how many each node has (trn1.32xlarge: 16)";
+    out->push_back(p);
+  }
+  return "";
+}
+
+const Partition* PartitionFor(const std::vector<Partition>& parts, const std::string& instance,
+                              bool spot) {
+  for (const auto& p : parts)
+    if (p.instance == instance && p.spot == spot) return &p;
+  for (const auto& p : parts)
+    if (p.instance == instance) return &p;
+  return nullptr;
+}
+
+std::string GresRequest(const Partition& p, int nodes, int tp) {
+  if (p.gres.empty() || p.devices <= 0) return "";
+  int n = p.devices;
+  if (nodes <= 1 && tp > 0)
+    n = std::clamp((tp + p.cores_per_device - 1) / p.cores_per_device, 1, p.devices);
+  return p.gres + ":" + std::to_string(n);
+}
+
+Billed BillFrom(const std::optional<JobState>& acct, double span_s, double watched_s) {
+  Billed b;
+  if (acct && acct->elapsed_s >= 0) {
+    b.from_accounting = true;
+    b.nodes = acct->nodes;
+    b.seconds = acct->elapsed_s;
+    // sacct truncates to the second: a span within [elapsed - 1, elapsed + 1] is the same
+    // measurement, finer.
+    if (span_s >= 0 && std::fabs(span_s - acct->elapsed_s) <= 1) b.seconds = span_s;
+    return b;
+  }
+  b.seconds = span_s >= 0 ? span_s : std::max(0.0, watched_s);
+  return b;
 }
 
 namespace {
@@ -182,6 +311,13 @@ Verdict Judge(const Observation& o) {
       return Done(Outcome::kTimeout, "Slurm ended " + id + " at its time limit (" + state + ")");
     if (state == "OUT_OF_MEMORY")
       return Done(Outcome::kFailed, "out of memory: Slurm killed " + id + " (OUT_OF_MEMORY)");
+    // Killed because someone else cancelled the job (scancel, an operator): not the workload's
+    // error, the same as a cancel before the wrapper could record anything.
+    if (state == "CANCELLED" && code > 128)
+      return Done(Outcome::kLost, id + " was cancelled outside trnflow" +
+                                      (o.job->cancelled_by >= 0
+                                           ? " (by uid " + std::to_string(o.job->cancelled_by) + ")"
+                                           : ""));
     if (code == 0) return Done(Outcome::kSucceeded, "");
     if (code == 75) return Done(Outcome::kInfraError, "exited with code 75 (retry)");
     if (code > 128)

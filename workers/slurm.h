@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/stage_spec.h"
 
@@ -42,6 +43,7 @@ double ParseSlurmDuration(const std::string& text);
 struct WrapperFiles {
   bool began = false;          // begin: the workload started
   bool noticed = false;        // notice: USR1 came (the 2-minute warning) before it ended
+  std::string job;             // begin's SLURM_JOB_ID: an array task's own (raw) job id
   std::optional<int> exit_code;  // exit: the workload's code (128 + N when killed by signal N)
   double began_at = -1, exited_at = -1;  // their Unix times (to the nanosecond), -1 unknown
 };
@@ -82,5 +84,60 @@ bool ImpossiblePendingReason(const std::string& reason);
 
 // sbatch's error output: true when trying again may work (the controller did not answer).
 bool TransientSubmitError(const std::string& err);
+
+// One Slurm partition as the operator maps it (`trnflow worker --slurm-config FILE`): what
+// its nodes are (the instance type whose price bills them) and the devices each node has.
+struct Partition {
+  std::string name;      // Slurm's partition name
+  std::string instance;  // e.g. trn1.32xlarge: stages of this instance type go here
+  bool spot = false;     // spot capacity: stages on the spot market go here, a NODE_FAIL is
+                         // an interruption
+  std::string gres;      // the GRES name of a node's devices ("neuron"); "": none requested
+  int devices = 0;       // devices per node (trn1.32xlarge: 16)
+  int cores_per_device = 1;  // NeuronCores per device (trn1: 2): a tp degree's devices
+};
+
+// How matrix stages go out as job arrays: at most `max_array_size` tasks an array (below the
+// cluster's MaxArraySize), and at most `max_submit_jobs` jobs of this worker queued or running
+// at once (the site's MaxSubmitJobs; an array task counts as a job; 0: no limit).
+struct ArrayLimits {
+  int max_array_size = 1000;
+  int max_submit_jobs = 0;
+};
+
+// The --slurm-config file (YAML):
+//   partitions:
+//     NAME: {instance: TYPE, spot: BOOL, gres: NAME, devices: N, cores_per_device: N}
+//   max_array_size: N     (optional, default 1000; 1: no arrays)
+//   max_submit_jobs: N    (optional, default 0: no limit)
+// Returns "" or an error as `path:line:col: what; the fix`.
+std::string ParsePartitions(const std::string& text, const std::string& path,
+                            std::vector<Partition>* out, ArrayLimits* limits = nullptr);
+
+// A matrix expansion ("sweep[i=3]"): attempts of these go out as array tasks.
+bool IsMatrixExpansion(const std::string& stage_name);
+
+// The partition for a stage of `instance` on `spot` (or not) capacity: the one mapped to that
+// instance and market, else the one mapped to the instance; nullptr when none is.
+const Partition* PartitionFor(const std::vector<Partition>& parts, const std::string& instance,
+                              bool spot);
+
+// The --gres value for a node of `p` running a stage of `nodes` nodes whose tensor-parallel
+// degree is `tp` (0: unknown): every device of the node for a multi-node stage or an unknown
+// degree, else the devices tp NeuronCores need (at most the node's). "" when `p` maps no GRES.
+std::string GresRequest(const Partition& p, int nodes, int tp);
+
+// What an attempt is billed for, in wall seconds, and on how many nodes. Slurm's accounting
+// (`acct`, from sacct) is the source: its elapsed time (whole seconds) and node count. The
+// wrapper's own span (begin to exit, to the nanosecond, `span_s`; < 0 unknown) refines it only
+// within accounting's one-second resolution, so a job that rewrote the wrapper's files could
+// never move the bill beyond what Slurm measured. Without accounting, the wrapper's span; else
+// `watched_s`, what the worker saw.
+struct Billed {
+  double seconds = 0;
+  int nodes = 0;            // 0: unknown (bill the instances asked for)
+  bool from_accounting = false;
+};
+Billed BillFrom(const std::optional<JobState>& acct, double span_s, double watched_s);
 
 }  // namespace trnflow::workers::slurm

@@ -36,6 +36,7 @@
 #include "workers/executor.h"
 #include "workers/pause.h"
 #include "workers/slurm.h"
+#include "sim/workload.h"
 
 extern char** environ;
 
@@ -194,17 +195,26 @@ slurm::WrapperFiles ReadWrapperFiles(const fs::path& dir) {
 
 // The wrapper Slurm runs as the job's batch script. It records begin, notice and exit
 // atomically, runs the workload in a session (process group) of its own, as the job's uid,
-// with exactly the environment in `env`, and forwards Slurm's notice (USR1) and stop (TERM)
-// to the workload's group as TERM: the same signal the process executor sends at a notice.
-// The wrapper runs as root on the node; the directory it writes in is root's (the job cannot
-// plant a link there), and the job's output goes to a file the wrapper opens there. With
-// `namespaced` the command is `argv` already wrapped in bwrap (NamespaceArgv), which writes its
-// namespace's pid 1 to .ns: a notice or a stop is forwarded as TERM to every process of that
-// namespace but its pid 1, as the process executor does (TERM to bwrap itself would take the
-// job down before it could save anything).
+// with exactly the environment in `env` plus Slurm's own variables for the allocation
+// (SLURM_*, SLURMD_NODENAME) and the rendezvous a distributed job reads (MASTER_ADDR,
+// MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK), and forwards
+// Slurm's notice (USR1) and stop (TERM) to the workload as TERM: the same signal the process
+// executor sends at a notice. The wrapper runs as root on the node; the directory it writes in
+// is root's (the job cannot plant a link there), and the job's output goes to a file the
+// wrapper opens there. With `namespaced` the command is `argv` already wrapped in bwrap
+// (NamespaceArgv), which writes its namespace's pid 1 to .ns-RANK: a notice or a stop is
+// forwarded as TERM to every process of that namespace but its pid 1, as the process executor
+// does (TERM to bwrap itself would take the job down before it could save anything).
+//
+// With `tasks` > 1 (a multi-node `run:` stage) the batch script launches itself across the
+// allocation, `srun --ntasks-per-node=1 job.sh task`, and each task (root on its node, as the
+// batch script is) drops to the job's uid and enters the same namespaces as a single-node job:
+// the only difference is Slurm's per-task variables (SLURM_PROCID, SLURM_NODEID, ...). The
+// batch script forwards a notice or a stop to srun as USR1, which srun hands to every task
+// without ending the step; each task forwards it into its own namespace as TERM.
 std::string WrapperScript(const fs::path& dir, const std::string& workdir,
                           const JobIdentity& id, const JobLimits& limits,
-                          const std::vector<std::string>& argv, bool namespaced) {
+                          const std::vector<std::string>& argv, bool namespaced, int tasks) {
   std::ostringstream s;
   s << "#!/bin/bash\n"
        "# Written by the trnflow worker for one attempt. Do not edit: the worker reads the\n"
@@ -214,11 +224,12 @@ std::string WrapperScript(const fs::path& dir, const std::string& workdir,
     << ShellQuote(dir.string())
     << "\n"
        "put() { printf '%s\\n' \"$2\" > \"$dir/.$1.tmp\" && mv -f \"$dir/.$1.tmp\" \"$dir/$1\"; }\n"
+       "rank=${SLURM_PROCID:-0}\n"
        "child=\n";
   if (namespaced)
     s << "forward() {\n"
          "  local init ns p\n"
-         "  init=$(sed -n 's/.*\"child-pid\": *\\([0-9]*\\).*/\\1/p' \"$dir/.ns\" 2>/dev/null)\n"
+         "  init=$(sed -n 's/.*\"child-pid\": *\\([0-9]*\\).*/\\1/p' \"$dir/.ns-$rank\" 2>/dev/null)\n"
          "  [ -n \"$init\" ] && ns=$(readlink \"/proc/$init/ns/pid\") || return\n"
          "  for p in /proc/[0-9]*; do\n"
          "    [ \"${p#/proc/}\" != \"$init\" ] && [ \"$(readlink \"$p/ns/pid\" 2>/dev/null)\" = \"$ns\" ] &&\n"
@@ -227,34 +238,265 @@ std::string WrapperScript(const fs::path& dir, const std::string& workdir,
          "}\n";
   else
     s << "forward() { [ -n \"$child\" ] && kill -TERM -- \"-$child\" 2>/dev/null; }\n";
-  s << "trap 'put notice \"$(date +%s)\"; forward' USR1\n"
-       "trap forward TERM\n"
-       "put begin \"$(date +%s.%N) ${SLURM_JOB_ID:-} ${SLURMD_NODENAME:-}\"\n"
-       "mapfile -d '' -t jobenv < \"$dir/env\"\n";
+  // The workload of this node's task: the job's environment, then Slurm's variables for the
+  // allocation (Slurm's word wins over a stage's env: of the same name), then the rendezvous.
+  s << "launch() {\n"
+       "  local n jobenv slurmenv=()\n"
+       "  mapfile -d '' -t jobenv < \"$dir/env\"\n"
+       "  for n in $(compgen -e); do\n"
+       "    case $n in SLURM_*|SLURMD_NODENAME) slurmenv+=(\"$n=${!n}\") ;; esac\n"
+       "  done\n"
+       "  slurmenv+=(\"MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}\" \"MASTER_PORT=${MASTER_PORT:-29500}\"\n"
+       "    \"WORLD_SIZE=${SLURM_NTASKS:-1}\" \"RANK=$rank\" \"LOCAL_RANK=${SLURM_LOCALID:-0}\"\n"
+       "    \"LOCAL_WORLD_SIZE=1\" \"NODE_RANK=${SLURM_NODEID:-0}\")\n";
   // Without namespaces the wrapper enters the workdir; with them bwrap does, as the job.
   if (!namespaced)
-    s << "cd " << ShellQuote(workdir) << " || { put exit 126; exit 126; }\n";
-  s << "ulimit -v "
+    s << "  cd " << ShellQuote(workdir) << " || return 126\n";
+  s << "  ulimit -v "
     << limits.address_space / 1024 << " -u " << limits.processes << " -f "
     << limits.file_size / 512 << " -n " << limits.open_files
     << " 2>/dev/null\n"
-       "setsid setpriv --pdeathsig=KILL ";  // dies with the wrapper, whatever Slurm tracks
+       "  setsid setpriv --pdeathsig=KILL ";  // dies with the wrapper, whatever Slurm tracks
   if (id.switch_user)
     s << "--reuid=" << id.uid << " --regid=" << id.gid << " --clear-groups ";
-  s << "env -i \"${jobenv[@]}\"";
+  s << "env -i \"${jobenv[@]}\" \"${slurmenv[@]}\"";
   for (const auto& a : argv) s << ' ' << ShellQuote(a);
-  s << " < /dev/null >> \"$dir/output.log\" 2>&1" << (namespaced ? " 5> \"$dir/.ns\"" : "")
+  s << " < /dev/null >> \"$dir/output.log\" 2>&1"
+    << (namespaced ? " 5> \"$dir/.ns-$rank\"" : "")
     << " &\n"
-       "child=$!\n"
-       "code=0\n"
-       "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; code=$?; done\n"
-       "wait \"$child\" 2>/dev/null; last=$?; [ \"$last\" -ne 127 ] && code=$last\n"
+       "  child=$!\n"
+       "}\n"
+       // Waits for $child to end (a trapped signal interrupts wait), then its code.
+       "await() {\n"
+       "  code=0\n"
+       "  while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; code=$?; done\n"
+       "  wait \"$child\" 2>/dev/null; last=$?; [ \"$last\" -ne 127 ] && code=$last\n"
+       "}\n"
+       "if [ \"${1:-}\" = task ]; then\n"
+       "  trap forward USR1 TERM\n"
+       "  launch || exit $?\n"
+       "  await\n"
+       "  exit \"$code\"\n"
+       "fi\n";
+  if (tasks > 1)
+    s << "forward_batch() { [ -n \"$child\" ] && kill -USR1 \"$child\" 2>/dev/null; }\n";
+  else
+    s << "forward_batch() { forward; }\n";
+  s << "trap 'put notice \"$(date +%s)\"; forward_batch' USR1\n"
+       "trap forward_batch TERM\n"
+       "put begin \"$(date +%s.%N) ${SLURM_JOB_ID:-} ${SLURMD_NODENAME:-}\"\n"
+       // Rank 0's node: its address as Slurm knows it (NodeAddr), a port from the job id.
+       "first=$(scontrol show hostnames \"${SLURM_JOB_NODELIST:-}\" 2>/dev/null | head -n 1)\n"
+       "MASTER_ADDR=$(scontrol show node -o \"$first\" 2>/dev/null | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')\n"
+       "export MASTER_ADDR=${MASTER_ADDR:-${first:-127.0.0.1}}\n"
+       "export MASTER_PORT=$((29500 + ${SLURM_JOB_ID:-0} % 10000))\n";
+  if (tasks > 1)
+    s << "srun --export=ALL --nodes=" << tasks << " --ntasks=" << tasks
+      << " --ntasks-per-node=1 --kill-on-bad-exit=0 /bin/bash \"$dir/job.sh\" task"
+         " < /dev/null >> \"$dir/output.log\" 2>&1 &\n"
+         "child=$!\n";
+  else
+    s << "launch || { put exit \"$? $(date +%s.%N)\"; exit 126; }\n";
+  s << "await\n"
        "put exit \"$code $(date +%s.%N)\"\n"
        "exit \"$code\"\n";
   return s.str();
 }
 
+// How an sbatch ended: the job id (an array's id for an array), or why not.
+struct Submitted {
+  std::string job_id;
+  std::string error;
+  bool refused = false;  // Slurm refused it (the stage's user_error), not unreachable
+};
+
+// sbatch `argv` (the job named `name`), the controller not answering retried with backoff;
+// anything else at once. A lost reply may hide a job Slurm did take: before each retry the
+// name is looked up, so an attempt never has two jobs.
+Submitted SubmitJob(const std::vector<std::string>& argv, const std::string& name,
+                    const ExecContext& ctx, int submit_tries) {
+  auto log = Logger("workers.slurm");
+  Submitted out;
+  double backoff = 1;
+  for (int tries = 1;; ++tries) {
+    ToolResult s = RunTool(argv, 60);
+    if (s.code == 0) {
+      out.job_id = s.out.substr(0, s.out.find_first_of(";\n"));
+      return out;
+    }
+    std::string err = s.err;
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    if (slurm::TransientSubmitError(err) || s.code < 0) {
+      ToolResult q = RunTool({"squeue", "-h", "-t", "all", "--name=" + name, "-o", "%i"});
+      if (q.code == 0 && !q.out.empty()) {
+        out.job_id = q.out.substr(0, q.out.find_first_of("_\n"));  // an array's task: its array
+        log->warn("sbatch failed ({}) but Slurm has job {} for this attempt: taking it", err,
+                  out.job_id);
+        return out;
+      }
+    }
+    if (slurm::TransientSubmitError(err) && tries < submit_tries &&
+        ctx.stop_reason() == StopReason::kNone) {
+      log->warn("sbatch failed ({}), try {} of {}: again in {}", err, tries, submit_tries,
+                FormatDuration(backoff));
+      SleepUnlessStopped(ctx, backoff);
+      backoff = std::min(backoff * 2, 30.0);
+      continue;
+    }
+    if (slurm::TransientSubmitError(err) || s.code < 0) {
+      out.error = "Slurm did not take the job after " + std::to_string(tries) + " tries: " + err;
+      return out;
+    }
+    out.refused = true;
+    out.error = "Slurm refused the job: " + err;
+    return out;
+  }
+}
+
 }  // namespace
+
+// Matrix expansions go out as job arrays: the first attempt to ask opens a batch for its
+// sbatch options, the ones that ask within the window join it, and the first submits them all
+// as one `sbatch --array=0-N` whose task i runs the i-th attempt's own wrapper (job.sh). Each
+// attempt is then one array task, `ARRAY_i`: watched, cancelled (`scancel ARRAY_i`), billed
+// (its own job id, from its wrapper's begin) and adopted like a job of its own. The batch's
+// files live in SHARED/arrays/NAME/, root's and 0700: no job reaches them. The waits poll with
+// PauseFor, so a waiting attempt's task is suspended, not holding an arena thread.
+struct SlurmExecutor::Arrays {
+  struct Request {
+    fs::path dir;  // the attempt's directory
+    Submitted result;
+    bool done = false;
+  };
+  struct Batch {
+    std::vector<std::shared_ptr<Request>> requests;
+    Clock::time_point opened = Clock::now();
+    bool sealed = false;
+  };
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Batch>> open;  // by run and sbatch options
+  int in_flight = 0;  // this worker's jobs in Slurm (each array task one), for max_submit_jobs
+  uint64_t seq = 0;
+
+  // Waits (suspended) until `n` more jobs stay within `max` (0: no limit), then counts them.
+  void Acquire(int n, int max, const ExecContext& ctx) {
+    while (true) {
+      {
+        std::scoped_lock lock(mu);
+        if (max <= 0 || in_flight + n <= max || in_flight == 0 ||
+            ctx.stop_reason() != StopReason::kNone) {
+          in_flight += n;
+          return;
+        }
+      }
+      PauseFor(0.2);
+    }
+  }
+  void Release(int n) {
+    std::scoped_lock lock(mu);
+    in_flight -= n;
+  }
+
+  // The attempt in `dir` (its job.sh written) as a task of an array with the same `options`.
+  Submitted Submit(const ExecContext& ctx, const std::vector<std::string>& options,
+                   const fs::path& dir, int limit, const SlurmOptions& opt) {
+    auto log = Logger("workers.slurm");
+    auto req = std::make_shared<Request>();
+    req->dir = dir;
+    std::string key = std::to_string(ctx.run_id);
+    for (const auto& o : options) key += '\x1f' + o;
+    std::shared_ptr<Batch> batch;
+    bool leader = false;
+    {
+      std::scoped_lock lock(mu);
+      auto& b = open[key];
+      if (!b || b->sealed || static_cast<int>(b->requests.size()) >= limit) {
+        b = std::make_shared<Batch>();
+        leader = true;
+      }
+      b->requests.push_back(req);
+      batch = b;
+    }
+    if (!leader) {  // the batch's first attempt submits it
+      while (true) {
+        {
+          std::scoped_lock lock(mu);
+          if (req->done) return req->result;
+        }
+        PauseFor(0.05);
+      }
+    }
+    // Gather the attempts that ask within the window, up to the limit.
+    while (true) {
+      {
+        std::scoped_lock lock(mu);
+        if (static_cast<int>(batch->requests.size()) >= limit ||
+            Clock::now() - batch->opened >= std::chrono::duration<double>(opt.array_window_s) ||
+            ctx.stop_reason() != StopReason::kNone) {
+          batch->sealed = true;
+          if (auto it = open.find(key); it != open.end() && it->second == batch) open.erase(it);
+          break;
+        }
+      }
+      PauseFor(0.05);
+    }
+    const int n = static_cast<int>(batch->requests.size());
+    Acquire(n, opt.arrays.max_submit_jobs, ctx);
+    Submitted result;
+    std::string name;
+    {
+      std::scoped_lock lock(mu);
+      name = "trnflow-r" + std::to_string(ctx.run_id) + "-array-" + std::to_string(::getpid()) +
+             "-" + std::to_string(++seq);
+    }
+    fs::path arrays_dir = fs::path(opt.shared_dir) / "arrays";
+    fs::path adir = arrays_dir / name;
+    try {
+      fs::create_directories(adir);
+      ::chmod(arrays_dir.c_str(), 0700);
+      ::chmod(adir.c_str(), 0700);
+      std::string tasks;
+      for (int i = 0; i < n; ++i) {
+        tasks += (batch->requests[i]->dir / "job.sh").string() + "\n";
+        // Before sbatch: a worker that dies between sbatch and storing the id leaves the next
+        // attempt this to find the task by (adoption).
+        WriteFileAtomically(batch->requests[i]->dir / "array", name + " " + std::to_string(i),
+                            0600);
+      }
+      WriteFileAtomically(adir / "tasks", tasks, 0600);
+      WriteFileAtomically(adir / "array.sh",
+                          "#!/bin/bash\n"
+                          "# Written by the trnflow worker: task i of this array runs the i-th\n"
+                          "# attempt's wrapper (the i-th line of tasks).\n"
+                          "w=$(sed -n \"$((${SLURM_ARRAY_TASK_ID:--1} + 1))p\" " +
+                              ShellQuote((adir / "tasks").string()) +
+                              ")\n"
+                              "[ -n \"$w\" ] || exit 126\n"
+                              "exec /bin/bash \"$w\"\n",
+                          0700);
+      std::vector<std::string> sbatch = options;
+      sbatch.insert(sbatch.end(), {"--array=0-" + std::to_string(n - 1), "--job-name=" + name,
+                                   "--output=" + (adir / "%a.out").string(),
+                                   "--chdir=" + adir.string(), (adir / "array.sh").string()});
+      result = SubmitJob(sbatch, name, ctx, opt.submit_tries);
+    } catch (const std::exception& e) {
+      result.error = std::string("cannot write the array's files: ") + e.what();
+    }
+    if (result.job_id.empty()) {
+      Release(n);
+    } else {
+      log->info("Slurm job array {} ({}): {} attempts", result.job_id, name, n);
+    }
+    std::scoped_lock lock(mu);
+    for (int i = 0; i < n; ++i) {
+      auto& r = batch->requests[i];
+      r->result = result;
+      if (!result.job_id.empty()) r->result.job_id = result.job_id + "_" + std::to_string(i);
+      r->done = true;
+    }
+    return req->result;
+  }
+};
 
 // One squeue per tick for every job this worker watches; Run() calls wait for the next answer.
 struct SlurmExecutor::Monitor {
@@ -291,7 +533,8 @@ struct SlurmExecutor::Monitor {
       for (const auto& id : std::set<std::string>(watched.begin(), watched.end()))
         ids += (ids.empty() ? "" : ",") + id;
       lock.unlock();
-      ToolResult r = RunTool({"squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"});
+      // -r: an array's pending tasks one line each (ARRAY_i), not folded into ARRAY_[i-j].
+      ToolResult r = RunTool({"squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", "%i|%T|%r"});
       lock.lock();
       // One id that Slurm no longer knows makes squeue fail ("Invalid job id"): gone, not an
       // error. Anything else is Slurm unreachable: nothing is concluded.
@@ -336,7 +579,9 @@ struct SlurmExecutor::Monitor {
 };
 
 SlurmExecutor::SlurmExecutor(SlurmOptions o)
-    : opt_(std::move(o)), monitor_(std::make_unique<Monitor>(opt_.poll_s)) {}
+    : opt_(std::move(o)),
+      monitor_(std::make_unique<Monitor>(opt_.poll_s)),
+      arrays_(std::make_unique<Arrays>()) {}
 SlurmExecutor::~SlurmExecutor() = default;
 
 std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt) {
@@ -365,18 +610,38 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     return base / (SafeName(ctx.spec.name) + ".attempt-" + std::to_string(attempt));
   };
 
+  // Where it goes: the partition the operator mapped to its instance type and market, else
+  // --partition (or the cluster's default).
+  const slurm::Partition* mapped =
+      slurm::PartitionFor(opt_.partitions, ctx.spec.instance, ctx.market == Market::kSpot);
+  const std::string partition = mapped ? mapped->name : opt_.partition;
+  const bool spot_partition = mapped ? mapped->spot : opt_.spot_partition;
+
   // A job of an earlier attempt of this stage still alive in Slurm (its worker died, perhaps
   // between sbatch and storing the id) is adopted, never run twice: one job per attempt.
+  // An array task is found by its array's name and its index (the attempt's `array` file,
+  // root's, written before the array's sbatch).
   std::string job_id;
+  bool adopted = false;
   fs::path dir = attempt_dir(ctx.attempt);
   if (ctx.attempt > 1) {
     std::string names;
-    for (int a = 1; a < ctx.attempt; ++a)
+    std::map<std::string, std::pair<int, std::string>> arrays;  // name -> attempt, task id suffix
+    for (int a = 1; a < ctx.attempt; ++a) {
       names += (names.empty() ? "" : ",") + SlurmJobName(ctx.run_id, ctx.stage_id, a);
+      if (auto text = ReadSmallFile(attempt_dir(a) / "array")) {
+        std::istringstream in(*text);
+        std::string array, index;
+        if (in >> array >> index) {
+          arrays[array] = {a, "_" + index};
+          names += "," + array;
+        }
+      }
+    }
     // Slurm not answering is "unknown": wait (the lease is kept) rather than submit blind.
     ToolResult q;
     for (double backoff = 1;; backoff = std::min(backoff * 2, 30.0)) {
-      q = RunTool({"squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+      q = RunTool({"squeue", "-h", "-r", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
                    "--name=" + names, "-o", "%i|%j"});
       if (q.code == 0) break;
       if (ctx.stop_reason() != StopReason::kNone) {
@@ -393,9 +658,19 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     for (std::string line; std::getline(in, line);) {
       auto bar = line.find('|');
       if (bar == std::string::npos) continue;
-      std::string name = line.substr(bar + 1);
-      int a = std::atoi(name.substr(name.rfind("-a") + 2).c_str());
-      job_id = line.substr(0, bar);
+      std::string name = line.substr(bar + 1), id = line.substr(0, bar);
+      int a = 0;
+      if (auto it = arrays.find(name); it != arrays.end()) {
+        const std::string& suffix = it->second.second;
+        if (id.size() <= suffix.size() ||
+            id.compare(id.size() - suffix.size(), suffix.size(), suffix) != 0)
+          continue;  // another attempt's task of the same array
+        a = it->second.first;
+      } else {
+        a = std::atoi(name.substr(name.rfind("-a") + 2).c_str());
+      }
+      job_id = id;
+      adopted = true;
       dir = attempt_dir(a);
       log->info("stage={} attempt={}: adopting Slurm job {} of attempt {}", ctx.spec.name,
                 ctx.attempt, job_id, a);
@@ -459,68 +734,68 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     for (const auto& [k, v] : JobEnvironment(ctx, job_home)) env += k + "=" + v + '\0';
     WriteFileAtomically(dir / "env", env, 0600);
     bool namespaced = ctx.namespaces.enabled && !simulated;
+    // A multi-node `run:` stage runs its command once per node; a simulated stage simulates
+    // all of its instances in one process.
+    int tasks = simulated ? 1 : std::max(1, ctx.instance_count);
     WriteFileAtomically(dir / "job.sh",
                         WrapperScript(dir, simulated ? dir.string() : ctx.workdir, ctx.identity,
-                                      ctx.limits, argv, namespaced),
+                                      ctx.limits, argv, namespaced, tasks),
                         0700);
     // Unmasked output (secrets): root's only; the worker masks it into the attempt's log.
     WriteFileAtomically(dir / "output.log", "", 0600);
 
     const std::string name = SlurmJobName(ctx.run_id, ctx.stage_id, ctx.attempt);
-    std::vector<std::string> sbatch = {
-        "sbatch",      "--parsable",
-        "--no-requeue", "--job-name=" + name,
-        "--nodes=" + std::to_string(ctx.instance_count),
-        "--output=" + (dir / "slurm.out").string(), "--chdir=" + dir.string(),
+    std::vector<std::string> options = {
+        "sbatch", "--parsable", "--no-requeue",
+        "--nodes=" + std::to_string(ctx.instance_count), "--ntasks-per-node=1",
         "--export=NONE", "--signal=B:USR1@120"};
-    if (!opt_.partition.empty()) sbatch.push_back("--partition=" + opt_.partition);
-    if (!opt_.account.empty()) sbatch.push_back("--account=" + opt_.account);
+    if (!partition.empty()) options.push_back("--partition=" + partition);
+    if (mapped) {
+      int tp = 0;
+      if (simulated) try {
+          sim::Workload w = sim::WorkloadFromJson(ctx.spec.workload_json);
+          tp = w.kind == StageKind::kTrain ? w.tp : w.tp_degree;
+        } catch (const std::exception&) {
+        }
+      if (std::string g = slurm::GresRequest(*mapped, ctx.instance_count, tp); !g.empty())
+        options.push_back("--gres=" + g);
+    }
+    if (!opt_.account.empty()) options.push_back("--account=" + opt_.account);
     if (ctx.spec.timeout_s > 0) {
       // Slurm's limit is in whole minutes of wall time, with room for the grace: trnflow's own
       // clock ends the attempt at its timeout; Slurm's limit is the backstop.
       double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 1;
-      sbatch.push_back("--time=" + std::to_string(static_cast<long>(wall_min)));
+      options.push_back("--time=" + std::to_string(static_cast<long>(wall_min)));
     }
-    sbatch.push_back((dir / "job.sh").string());
-    // The controller not answering is retried with backoff; anything else is at once.
-    double backoff = 1;
-    for (int tries = 1;; ++tries) {
-      ToolResult s = RunTool(sbatch, 60);
-      if (s.code == 0) {
-        job_id = s.out.substr(0, s.out.find_first_of(";\n"));
-        break;
-      }
-      std::string err = s.err;
-      while (!err.empty() && err.back() == '\n') err.pop_back();
-      if (slurm::TransientSubmitError(err) || s.code < 0) {
-        // A lost reply may hide a job Slurm did take: look for it by name before submitting
-        // again, so the attempt never has two jobs.
-        ToolResult q = RunTool({"squeue", "-h", "-t", "all", "--name=" + name, "-o", "%i"});
-        if (q.code == 0 && !q.out.empty()) {
-          job_id = q.out.substr(0, q.out.find('\n'));
-          log->warn("sbatch failed ({}) but Slurm has job {} for this attempt: taking it", err,
-                    job_id);
-          break;
-        }
-      }
-      if (slurm::TransientSubmitError(err) && tries < opt_.submit_tries &&
-          ctx.stop_reason() == StopReason::kNone) {
-        log->warn("sbatch failed ({}), try {} of {}: again in {}", err, tries, opt_.submit_tries,
-                  FormatDuration(backoff));
-        SleepUnlessStopped(ctx, backoff);
-        backoff = std::min(backoff * 2, 30.0);
-        continue;
-      }
-      if (slurm::TransientSubmitError(err) || s.code < 0)
-        return infra("Slurm did not take the job after " + std::to_string(tries) +
-                     " tries: " + err);
+    Submitted sub;
+    int array_limit = opt_.arrays.max_array_size;
+    if (opt_.arrays.max_submit_jobs > 0)
+      array_limit = std::min(array_limit, opt_.arrays.max_submit_jobs);
+    if (array_limit > 1 && slurm::IsMatrixExpansion(ctx.spec.name)) {
+      sub = arrays_->Submit(ctx, options, dir, array_limit, opt_);
+    } else {
+      arrays_->Acquire(1, opt_.arrays.max_submit_jobs, ctx);
+      std::vector<std::string> sbatch = options;
+      sbatch.insert(sbatch.end(), {"--job-name=" + name, "--output=" + (dir / "slurm.out").string(),
+                                   "--chdir=" + dir.string(), (dir / "job.sh").string()});
+      sub = SubmitJob(sbatch, name, ctx, opt_.submit_tries);
+      if (sub.job_id.empty()) arrays_->Release(1);
+    }
+    if (sub.job_id.empty()) {
+      if (!sub.refused) return infra(sub.error);
       r.outcome = Outcome::kUserError;
       r.ran_instance = false;
-      r.message = "Slurm refused the job: " + err;
+      r.message = sub.error;
       return r;
     }
+    job_id = sub.job_id;
     log->info("stage={} attempt={}: Slurm job {}", ctx.spec.name, ctx.attempt, job_id);
   }
+  if (adopted) arrays_->Acquire(1, 0, ctx);  // counted, never waited for
+  struct InFlight {
+    Arrays* a;
+    ~InFlight() { a->Release(1); }
+  } in_flight{arrays_.get()};
   if (ctx.record_executor_job) ctx.record_executor_job(job_id);
 
   // Watch it: the wrapper's files, the job's output (into the attempt's log), Slurm's state.
@@ -569,7 +844,7 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     o.job = state;
     o.files = ReadWrapperFiles(dir);
     o.slurm_reachable = reachable;
-    o.spot_partition = opt_.spot_partition;
+    o.spot_partition = spot_partition;
     o.we_cancelled = we_cancelled;
     double now = wall();
     if (o.files.began && began_at < 0) began_at = now;
@@ -619,26 +894,53 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   capture.Finish();
   if (out_fd >= 0) ::close(out_fd);
 
-  // What it ran: the wrapper's own span from begin to exit (what Slurm's accounting measures, to
-  // the nanosecond instead of the second: at a run's speed of 7200 a second is two simulated
-  // hours); Slurm's accounting (sacct) when the wrapper could not record its exit (the node was
-  // lost, the job was killed); else the span this worker saw.
-  double elapsed = began_at < 0 ? 0 : wall() - began_at;
+  // What it ran: Slurm's accounting (sacct; `sacct -c` on a cluster with jobcomp/filetxt and no
+  // slurmdbd): its elapsed time and nodes, refined within its one-second resolution by the
+  // wrapper's span (at a run's speed of 7200 a second is two simulated hours); the wrapper's
+  // span alone when accounting has no record; else the span this worker saw.
+  double watched = began_at < 0 ? 0 : wall() - began_at;
   slurm::WrapperFiles last_files = ReadWrapperFiles(dir);
-  if (last_files.began_at > 0 && last_files.exited_at >= last_files.began_at) {
-    elapsed = last_files.exited_at - last_files.began_at;
-  } else if (!stopped_here) {
-    ToolResult a = RunTool({"sacct", "-n", "-P", "-j", job_id, "-o",
-                            "jobid,state,elapsed,nnodes,exitcode"});
-    auto rows = slurm::ParseSacct(a.out);
-    if (a.code != 0 || rows.count(job_id) == 0) {  // no slurmdbd: the jobcomp file
-      a = RunTool({"sacct", "-c", "-n", "-P", "-j", job_id, "-o",
-                   "jobid,state,elapsed,nnodes,exitcode"});
-      rows = slurm::ParseSacct(a.out);
-    }
-    if (auto it = rows.find(job_id); it != rows.end() && it->second.elapsed_s >= 0)
-      elapsed = it->second.elapsed_s;
+  double span = last_files.began_at > 0 && last_files.exited_at >= last_files.began_at
+                    ? last_files.exited_at - last_files.began_at
+                    : -1;
+  std::optional<slurm::JobState> acct;
+  // Accounting knows an array task by its own job id (the wrapper's begin records it; a task
+  // that never began ran nothing to account).
+  std::string raw_id = !last_files.job.empty()                 ? last_files.job
+                       : job_id.find('_') == std::string::npos ? job_id
+                                                               : "";
+  if (raw_id.empty() && !stopped_here) {  // a task that ended before its wrapper began
+    ToolResult q = RunTool({"squeue", "-h", "-r", "-t", "all", "-j", job_id, "-o", "%A"});
+    if (q.code == 0) raw_id = q.out.substr(0, q.out.find('\n'));
   }
+  if (!stopped_here && !raw_id.empty()) {
+    // The record lands when the job is written off; give it a few seconds.
+    for (int look = 0; look < 10 && !acct; ++look) {
+      for (bool comp : {false, true}) {
+        std::vector<std::string> q = {"sacct", "-n", "-P", "-j", raw_id, "-o",
+                                      "jobidraw,state,elapsed,nnodes,exitcode"};
+        if (comp) q.insert(q.begin() + 1, "-c");
+        ToolResult a = RunTool(q);
+        auto rows = slurm::ParseSacct(a.out);
+        if (auto it = rows.find(raw_id);
+            a.code == 0 && it != rows.end() && it->second.elapsed_s >= 0 &&
+            it->second.state != "RUNNING" && it->second.state != "PENDING") {
+          acct = it->second;
+          break;
+        }
+      }
+      if (!acct && look + 1 < 10) PauseFor(0.3);
+    }
+  }
+  slurm::Billed billed = slurm::BillFrom(acct, span, watched);
+  double elapsed = billed.seconds;
+  // The ledger bills instances × seconds; accounting's nodes, when they differ from the
+  // instances asked for, scale the seconds.
+  if (billed.nodes > 0 && ctx.instance_count > 0 && billed.nodes != ctx.instance_count)
+    elapsed = elapsed * billed.nodes / ctx.instance_count;
+  if (acct)
+    log->info("stage={} attempt={}: Slurm job {} accounted {} on {} node(s)", ctx.spec.name,
+              ctx.attempt, job_id, FormatDuration(acct->elapsed_s), acct->nodes);
   r.sim_seconds = std::min(elapsed * ctx.speed, ctx.spend_cap_s);
   r.ran_instance = began_at >= 0 || elapsed > 0;
   auto partial = [&] {
@@ -675,6 +977,8 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         auto j = nlohmann::json::parse(*text);
         if (auto o = ParseOutcome(j.at("outcome").get<std::string>())) r.outcome = *o;
         r.sim_seconds = j.at("sim_seconds").get<double>();
+        // The job wrote this file: it never bills more than Slurm accounted for the job.
+        if (acct) r.sim_seconds = std::min(r.sim_seconds, (acct->elapsed_s + 1) * ctx.speed);
         r.progress_to = j.at("progress_to").get<double>();
         r.lost_fraction = j.at("lost_fraction").get<double>();
         r.message = j.at("message").get<std::string>();

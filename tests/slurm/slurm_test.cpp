@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -193,6 +195,216 @@ stages:
   // What the job printed is the attempt's log.
   auto logs = RunTrnflow("logs " + std::to_string(run) + " hello");
   EXPECT_NE(logs.out.find("hello from"), std::string::npos) << logs.out << logs.err;
+}
+
+// The job knows it is in Slurm: its allocation's variables reach the command, and only
+// Slurm's (beside trnflow's own and the rendezvous).
+TEST(Slurm, ARunStageSeesItsSlurmJobAndNodelist) {
+  auto r = RunTrnflow(
+      "run " +
+      WriteTempFile("env.yaml",
+                    OneStage("slurm-env",
+                             "echo \"job=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST n=$SLURM_NNODES "
+                             "rank=$RANK world=$WORLD_SIZE\"; env | cut -d= -f1 | sort | tr '\\n' ' '")) +
+      " --speed 1 --executor slurm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  std::string node = Sh("sacct -c -n -P -j " + job + " -o nodelist");
+  ASSERT_TRUE(node == "node1" || node == "node2") << node;
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
+  EXPECT_NE(logs.out.find("job=" + job + " nodes=" + node + " n=1 rank=0 world=1"),
+            std::string::npos)
+      << logs.out;
+  // Every variable is trnflow's, the job's sandbox's, Slurm's or the rendezvous: the worker's
+  // own environment (SLURM_CONF aside, Slurm's word for where its config is) stays out.
+  std::istringstream names(logs.out.substr(logs.out.rfind('\n', logs.out.find(" PATH ")) + 1));
+  std::set<std::string> other;
+  for (std::string n; names >> n;)
+    if (n.rfind("SLURM", 0) != 0 && n.rfind("TRNFLOW_", 0) != 0) other.insert(n);
+  for (const char* expected : {"HOME", "PATH", "TMPDIR", "LANG", "MASTER_ADDR", "MASTER_PORT",
+                               "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                               "NODE_RANK", "PWD", "SHLVL", "_"})
+    other.erase(expected);
+  EXPECT_TRUE(other.empty()) << "unexpected variables: " << ::testing::PrintToString(other)
+                             << "\n" << logs.out;
+}
+
+// A two-node stage runs its command once on each node (srun, one task per node), in the same
+// namespaces as a one-node job, and the ranks meet: each writes its node and rank where both
+// can read, rank 0 reads both.
+TEST(Slurm, ATwoNodeStageRunsOneTaskPerNodeAndTheRanksMeet) {
+  const std::string command =
+      "d=$TRNFLOW_RUN_DIR/rendezvous; mkdir -p $d; "
+      "echo \"$SLURMD_NODENAME rank=$RANK/$WORLD_SIZE node_rank=$NODE_RANK "
+      "master=$MASTER_ADDR:$MASTER_PORT host=$(hostname) uid=$(id -u)\" > $d/.$RANK && mv $d/.$RANK $d/$RANK; "
+      "if [ \"$RANK\" = 0 ]; then for i in $(seq 1 200); do [ -f $d/1 ] && break; sleep 0.05; done; "
+      "echo \"rank 0 read: $(cat $d/0) | $(cat $d/1)\"; fi";
+  auto r = RunTrnflow("run " + WriteTempFile("ranks.yaml",
+                                             OneStage("slurm-ranks", command, "    count: 2\n")) +
+                      " --speed 1 --executor slurm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  // Slurm ran a step of two tasks on the two nodes.
+  EXPECT_EQ(Sh("sacct -c -n -P -j " + job + " -o nnodes"), "2");
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
+  std::string port = std::to_string(29500 + std::stoll(job) % 10000);
+  std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
+  for (const std::string& rank :
+       {"node1 rank=0/2 node_rank=0 master=127.0.0.1:" + port + " host=trnflow-job uid=" + uid,
+        "node2 rank=1/2 node_rank=1 master=127.0.0.1:" + port + " host=trnflow-job uid=" + uid})
+    EXPECT_NE(logs.out.find(rank), std::string::npos) << rank << "\n" << logs.out;
+  EXPECT_NE(logs.out.find("rank 0 read: node1 rank=0/2"), std::string::npos) << logs.out;
+  EXPECT_NE(logs.out.find("| node2 rank=1/2"), std::string::npos) << logs.out;
+}
+
+// The operator's partition map: a stage of a mapped instance type goes to its partition with
+// --gres for its devices, and the bill is Slurm's accounting at the instance's price.
+TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
+  std::string bad = WriteTempFile("bad-partitions.yaml",
+                                  "partitions:\n  batch: {instance: trn1.32xlarge, gres: neuron}\n");
+  auto refused = RunTrnflow("run " + WriteTempFile("x.yaml", OneStage("slurm-x", "true")) +
+                            " --executor slurm --slurm-config " + bad);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find(bad + ":2:3: partition batch has `gres: neuron` but no `devices:`"),
+            std::string::npos)
+      << refused.err;
+
+  std::string config = WriteTempFile(
+      "partitions.yaml",
+      "partitions:\n"
+      "  batch: {instance: trn1.32xlarge, gres: neuron, devices: 2, cores_per_device: 2}\n");
+  auto r = RunTrnflow("run " +
+                      WriteTempFile("gres.yaml", OneStage("slurm-gres", "sleep 2",
+                                                          "    instance: trn1.32xlarge\n")) +
+                          " --speed 60 --executor slurm --slurm-config " + config + " --format json",
+                      "TRNFLOW_LOG=info");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int64_t run = RunIdOf(r.out);
+  std::string job = AttemptCol(run, "work", 1, "executor_job");
+  std::string shown = Sh("scontrol show job " + job);
+  EXPECT_NE(shown.find("TresPerNode=gres:neuron:2"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("Partition=batch"), std::string::npos) << shown;
+  // Billed: what Slurm accounted (whole seconds; the wrapper's span refines it within one),
+  // at the run's speed, at trn1.32xlarge's price.
+  double elapsed = -1;
+  ASSERT_TRUE(WaitFor([&] {
+    std::string e = Sh("sacct -c -n -P -j " + job + " -o elapsed");
+    if (e.size() < 8) return false;
+    elapsed = std::stoi(e.substr(0, 2)) * 3600 + std::stoi(e.substr(3, 2)) * 60 + std::stoi(e.substr(6, 2));
+    return true;
+  }, 10));
+  double billed = QueryNumber("SELECT billed_seconds FROM trnflow.attempts WHERE stage_id = " +
+                              StageId(run, "work"));
+  EXPECT_GE(elapsed, 2);
+  EXPECT_NEAR(billed / 60, elapsed, 1.0) << "billed " << billed << " s, accounted " << elapsed;
+  EXPECT_NE(r.err.find("Slurm job " + job + " accounted"), std::string::npos) << r.err;
+  EXPECT_EQ(Query("SELECT instance_type FROM trnflow.attempts WHERE stage_id = " +
+                  StageId(run, "work")),
+            "trn1.32xlarge");
+}
+
+// A 200-expansion matrix goes out as job arrays: batches of at most max_array_size tasks,
+// never more than max_submit_jobs of them in Slurm at once, each attempt one array task. One
+// task is cancelled from outside (lost, then retried as a job of its own) and one fails with
+// code 75 (retried); the other 198 are not touched by either; every attempt is billed.
+TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
+  Daemon scheduler("array-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  std::string config = WriteTempFile("arrays.yaml",
+                                     "partitions: {}\nmax_array_size: 64\nmax_submit_jobs: 120\n");
+  Daemon worker("array-worker",
+                {"worker", "--pool", "cpu=200", "--lease", "5s", "--executor", "slurm",
+                 "--slurm-config", config},
+                DaemonEnv());
+  worker.Start();
+  std::string values;
+  for (int i = 0; i < 200; ++i) values += (i ? ", " : "") + std::to_string(i);
+  std::string yaml =
+      "pipeline: slurm-sweep\n"
+      "project: slurm-lab\n"
+      "stages:\n"
+      "  sweep:\n"
+      "    matrix: {i: [" + values + "]}\n"
+      "    shell: true\n"
+      "    run: 'i=${{ matrix.i }}; if [ $TRNFLOW_ATTEMPT = 1 ] && [ $i = 7 ]; then exit 75; fi; "
+      "if [ $TRNFLOW_ATTEMPT = 1 ] && [ $i = 9 ]; then echo started; sleep 300; fi; "
+      "echo \"task $i of array ${SLURM_ARRAY_JOB_ID:-none} index ${SLURM_ARRAY_TASK_ID:-none}\"'\n"
+      "    retry: {max_attempts: 2, backoff: {initial: 1s}}\n";
+  int64_t run = Submit(yaml, "sweep");
+  auto in_slurm = [] {
+    std::string out = Sh("squeue -h -r -t pending,running,configuring,completing -o %i");
+    return out.empty() ? 0 : static_cast<int>(std::count(out.begin(), out.end(), '\n')) + 1;
+  };
+  int most = 0;
+  // Task 9's first attempt, once its command runs, is cancelled by someone else.
+  ASSERT_TRUE(WaitFor([&] {
+    most = std::max(most, in_slurm());
+    return RunTrnflow("logs " + std::to_string(run) + " 'sweep[i=9]'").out.find("started") !=
+           std::string::npos;
+  }, 120)) << AttemptCol(run, "sweep[i=9]", 1, "executor_job");
+  ASSERT_EQ(JobState(AttemptCol(run, "sweep[i=9]", 1, "executor_job")), "RUNNING");
+  std::string cancelled = AttemptCol(run, "sweep[i=9]", 1, "executor_job");
+  Sh("scancel " + cancelled);
+  ASSERT_TRUE(WaitFor([&] {
+    most = std::max(most, in_slurm());
+    return RunState(run) == "succeeded" || RunState(run) == "failed";
+  }, 240)) << RunState(run);
+  ASSERT_EQ(RunState(run), "succeeded");
+  EXPECT_LE(most, 120) << "more jobs in Slurm at once than max_submit_jobs";
+
+  // Every first attempt was a task ARRAY_INDEX; arrays of at most 64; no task ran two attempts.
+  std::map<std::string, int> arrays;
+  std::set<std::string> tasks;
+  int attempts = 0;
+  std::istringstream rows(Query(
+      "SELECT string_agg(a.executor_job || ' ' || a.attempt || ' ' || a.outcome || ' ' || "
+      "s.name, E'\\n' ORDER BY s.name, a.attempt) FROM trnflow.attempts a JOIN trnflow.stages s "
+      "ON s.id = a.stage_id WHERE s.run_id = " + std::to_string(run)));
+  for (std::string job, attempt, outcome, name; rows >> job >> attempt >> outcome >> name;) {
+    ++attempts;
+    EXPECT_TRUE(tasks.insert(job).second) << job << " ran two attempts";
+    if (attempt != "1") continue;
+    auto us = job.find('_');
+    ASSERT_NE(us, std::string::npos) << name << ": " << job << " is not an array task";
+    ++arrays[job.substr(0, us)];
+    if (name != "sweep[i=7]" && name != "sweep[i=9]") {
+      EXPECT_EQ(outcome, "succeeded") << name;
+    }
+  }
+  EXPECT_EQ(attempts, 202);
+  EXPECT_GE(arrays.size(), 4u);  // 200 / 64
+  EXPECT_LE(arrays.size(), 40u) << "not batched: " << arrays.size() << " submissions";
+  for (const auto& [array, n] : arrays) EXPECT_LE(n, 64) << "array " << array;
+
+  // The cancelled task: lost, then a second attempt of its own; its array's others completed.
+  EXPECT_EQ(AttemptCol(run, "sweep[i=9]", 1, "outcome"), "lost");
+  EXPECT_NE(AttemptCol(run, "sweep[i=9]", 1, "message").find("cancelled outside trnflow"),
+            std::string::npos)
+      << AttemptCol(run, "sweep[i=9]", 1, "message");
+  EXPECT_EQ(AttemptCol(run, "sweep[i=9]", 2, "outcome"), "succeeded");
+  EXPECT_EQ(JobState(cancelled), "CANCELLED");
+  std::string array = cancelled.substr(0, cancelled.find('_'));
+  std::string states = Sh("squeue -h -r -t all -j " + array + " -o %T | sort | uniq -c");
+  EXPECT_EQ(Sh("squeue -h -r -t all -j " + array + " -o %T | grep -c CANCELLED"), "1") << states;
+  EXPECT_NE(states.find("COMPLETED"), std::string::npos) << states;
+  // The failing task: infra_error (75), retried.
+  EXPECT_EQ(AttemptCol(run, "sweep[i=7]", 1, "outcome"), "infra_error");
+  EXPECT_EQ(AttemptCol(run, "sweep[i=7]", 2, "outcome"), "succeeded");
+  // A task's output is its attempt's log, and it ran as that task of that array.
+  std::string job3 = AttemptCol(run, "sweep[i=3]", 1, "executor_job");
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " 'sweep[i=3]'");
+  EXPECT_NE(logs.out.find("task 3 of array " + job3.substr(0, job3.find('_')) + " index " +
+                          job3.substr(job3.find('_') + 1)),
+            std::string::npos)
+      << logs.out << logs.err;
+  // Billed per task: every attempt that ran has its cost.
+  EXPECT_EQ(Query("SELECT string_agg(s.name || ' ' || a.attempt || ' ' || a.outcome || ' ' || "
+                  "coalesce(a.billed_seconds::text, '-') || ' ' || a.cost_usd, ', ') FROM "
+                  "trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id WHERE s.run_id = " +
+                  std::to_string(run) + " AND NOT (a.billed_seconds >= 60 AND a.cost_usd > 0)"),
+            "");
 }
 
 // The wrapper runs as root on the node. It used to write its bookkeeping (begin, exit: what
@@ -379,6 +591,13 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
+  // RUNNING in squeue is the allocation; the batch script starts a moment later (seconds on
+  // a loaded host). A node set down before that never launches the job, and Slurm holds the
+  // node's CPUs for the job it never started: wait for the wrapper's begin.
+  std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
+  fs::path begin = fs::path(CliHome()) / "slurm" / ("uid-" + uid) /
+                   ("run-" + std::to_string(run)) / "work.attempt-1" / "begin";
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(begin); }, 30)) << begin;
   std::string node = Sh("squeue -h -j " + job + " -o %N");
   Sh("scontrol update nodename=" + node + " state=down reason=trnflow-test");
   EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60)) << RunState(run);
@@ -386,7 +605,13 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
       << AttemptCol(run, "work", 1, "message");
   EXPECT_NE(AttemptCol(run, "work", 1, "message").find("NODE_FAIL"), std::string::npos);
   Sh("scontrol update nodename=" + node + " state=resume");
-  EXPECT_TRUE(WaitFor([&] { return Sh("sinfo -h -N -n " + node + " -o %t").find("idle") == 0; }, 30));
+  std::string seen;  // the states seen, for the failure message
+  EXPECT_TRUE(WaitFor([&] {
+    std::string st = Sh("sinfo -h -N -n " + node + " -o %t");
+    if (seen.size() < 400) seen += st.substr(0, st.find('\n')) + " ";
+    return st.find("idle") == 0;
+  }, 30)) << seen << "\n"
+      << Sh("sinfo -N -o '%N %t %E'") << "\n" << Sh("squeue -t all -w " + node);
 }
 
 TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {

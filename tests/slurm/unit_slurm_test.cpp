@@ -2,6 +2,9 @@
 // and how it judges an attempt from that and its wrapper's files. Pure: no cluster needed.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "workers/slurm.h"
 
 namespace trnflow::workers::slurm {
@@ -140,6 +143,14 @@ TEST(SlurmJudge, CancelledIsOursOnlyIfWeAsked) {
   EXPECT_NE(v.message.find("by uid 0"), std::string::npos) << v.message;
   o.we_cancelled = true;
   EXPECT_EQ(Judge(o).outcome, Outcome::kCancelled);
+  // The wrapper saw the kill (TERM's 143) and Slurm says CANCELLED: someone else's cancel is
+  // still lost (retried), not the workload's infra_error; ours is cancelled.
+  auto killed = With("CANCELLED", 143);
+  v = Judge(killed);
+  EXPECT_EQ(v.outcome, Outcome::kLost);
+  EXPECT_NE(v.message.find("cancelled outside trnflow"), std::string::npos) << v.message;
+  killed.we_cancelled = true;
+  EXPECT_EQ(Judge(killed).outcome, Outcome::kCancelled);
 }
 
 TEST(SlurmJudge, ImpossiblePendingBecomesCapacityAfterALimit) {
@@ -184,6 +195,89 @@ TEST(SlurmSubmit, TransientErrorsAreRetriedOthersAreNot) {
   EXPECT_TRUE(TransientSubmitError("sbatch: error: Unable to contact slurm controller (connect failure)"));
   EXPECT_FALSE(TransientSubmitError(
       "sbatch: error: Batch job submission failed: Invalid partition name specified"));
+}
+
+// The operator's partition map: AWS ParallelCluster's usual layout, and bad files named with
+// file:line:col and the fix.
+TEST(SlurmPartitions, TheSampleLayoutMapsInstancesMarketsAndDevices) {
+  std::vector<Partition> parts;
+  ASSERT_EQ(ParsePartitions("partitions:\n"
+                            "  trn1: {instance: trn1.32xlarge, gres: neuron, devices: 16, cores_per_device: 2}\n"
+                            "  trn1-spot: {instance: trn1.32xlarge, spot: true, gres: neuron, devices: 16, cores_per_device: 2}\n"
+                            "  cpu: {instance: c6i.large}\n",
+                            "pc.yaml", &parts),
+            "");
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(PartitionFor(parts, "trn1.32xlarge", false)->name, "trn1");
+  EXPECT_EQ(PartitionFor(parts, "trn1.32xlarge", true)->name, "trn1-spot");
+  EXPECT_EQ(PartitionFor(parts, "c6i.large", true)->name, "cpu");  // no spot one: the instance's
+  EXPECT_EQ(PartitionFor(parts, "inf2.xlarge", false), nullptr);
+  const Partition& trn1 = *PartitionFor(parts, "trn1.32xlarge", false);
+  EXPECT_EQ(GresRequest(trn1, 2, 8), "neuron:16");  // multi-node: whole nodes
+  EXPECT_EQ(GresRequest(trn1, 1, 0), "neuron:16");  // degree unknown: the whole node
+  EXPECT_EQ(GresRequest(trn1, 1, 8), "neuron:4");   // tp 8 on 2 cores per device
+  EXPECT_EQ(GresRequest(trn1, 1, 3), "neuron:2");
+  EXPECT_EQ(GresRequest(trn1, 1, 64), "neuron:16");  // never more than the node has
+  EXPECT_EQ(GresRequest(*PartitionFor(parts, "c6i.large", false), 1, 8), "");
+}
+
+// The sample shipped for AWS ParallelCluster's layout parses and maps trn1 as docs say.
+TEST(SlurmPartitions, TheParallelClusterSampleMapsTrn1ToSixteenDevices) {
+  std::string path = TRNFLOW_SOURCE_DIR "/ops/slurm-partitions.parallelcluster.yaml";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<Partition> parts;
+  ASSERT_EQ(ParsePartitions(text.str(), path, &parts), "");
+  const Partition* trn1 = PartitionFor(parts, "trn1.32xlarge", false);
+  ASSERT_NE(trn1, nullptr);
+  EXPECT_EQ(trn1->name, "compute1");
+  EXPECT_EQ(GresRequest(*trn1, 2, 0), "neuron:16");
+  EXPECT_EQ(GresRequest(*trn1, 1, 8), "neuron:4");
+  EXPECT_EQ(PartitionFor(parts, "trn1.32xlarge", true)->name, "compute1-spot");
+  EXPECT_EQ(GresRequest(*PartitionFor(parts, "trn2.48xlarge", false), 1, 64), "neuron:16");
+}
+
+TEST(SlurmPartitions, BadFilesAreNamedWithTheirPlaceAndTheFix) {
+  std::vector<Partition> parts;
+  EXPECT_EQ(ParsePartitions("partitions:\n  trn1: {gres: neuron, devices: 16}\n", "p.yaml", &parts),
+            "p.yaml:2:3: partition trn1 has no `instance:`; name the instance type of its nodes "
+            "(e.g. trn1.32xlarge)");
+  EXPECT_EQ(ParsePartitions("partitions:\n  trn1: {instance: trn1.32xlarge, devices: many}\n",
+                            "p.yaml", &parts),
+            "p.yaml:2:44: `devices` of partition trn1: expected a whole number (devices 0..1024, "
+            "cores 1..1024)");
+  EXPECT_EQ(ParsePartitions("partitions:\n  trn1: {instance: trn1.32xlarge, gress: neuron}\n",
+                            "p.yaml", &parts),
+            "p.yaml:2:35: unknown key `gress`; a partition has instance, spot, gres, devices, "
+            "cores_per_device");
+  EXPECT_EQ(ParsePartitions("partitions:\n  trn1: {instance: trn1.32xlarge, gres: neuron}\n",
+                            "p.yaml", &parts),
+            "p.yaml:2:3: partition trn1 has `gres: neuron` but no `devices:`; say how many each "
+            "node has (trn1.32xlarge: 16)");
+  EXPECT_EQ(ParsePartitions("queues: {}\n", "p.yaml", &parts).substr(0, 11), "p.yaml:1:1:");
+  EXPECT_TRUE(parts.empty());
+}
+
+// The bill: Slurm's accounting; the wrapper's finer span only within its one second.
+TEST(SlurmBilling, AccountingIsTheSourceAndTheSpanOnlyRefinesIt) {
+  JobState acct;
+  acct.elapsed_s = 7;
+  acct.nodes = 2;
+  Billed b = BillFrom(acct, 6.4, 9);
+  EXPECT_TRUE(b.from_accounting);
+  EXPECT_DOUBLE_EQ(b.seconds, 6.4);  // same measurement, to the nanosecond
+  EXPECT_EQ(b.nodes, 2);
+  // A span far from what Slurm measured (rewritten, or the job waited in its prolog) is not
+  // the bill: accounting is.
+  EXPECT_DOUBLE_EQ(BillFrom(acct, 1.0, 9).seconds, 7);
+  EXPECT_DOUBLE_EQ(BillFrom(acct, 3600, 9).seconds, 7);
+  EXPECT_DOUBLE_EQ(BillFrom(acct, -1, 9).seconds, 7);
+  // Accounting off: the wrapper's span, else what the worker watched.
+  EXPECT_FALSE(BillFrom(std::nullopt, 6.4, 9).from_accounting);
+  EXPECT_DOUBLE_EQ(BillFrom(std::nullopt, 6.4, 9).seconds, 6.4);
+  EXPECT_DOUBLE_EQ(BillFrom(std::nullopt, -1, 9).seconds, 9);
+  EXPECT_EQ(BillFrom(std::nullopt, 6.4, 9).nodes, 0);
 }
 
 }  // namespace
