@@ -65,7 +65,7 @@ struct ScratchDatabase {
   std::string owner_url;
 };
 
-bool RunEnded(schema::Catalog&, int64_t run) { return RunState(run) != "running"; }
+bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "running"; }
 
 // A wide DAG: one root, `width` parallel sim stages, one fan-in.
 std::string FanOut(int width) {
@@ -342,7 +342,7 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
       10));
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 20));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 2u);
   EXPECT_EQ(attempts[0].outcome, "lost");
@@ -368,7 +368,7 @@ TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(run), "failed");
+  EXPECT_EQ(RunState(c, run), "failed");
   std::map<std::string, std::string> state;
   for (const auto& s : c.GetStages(run)) state[s.name] = s.state;
   EXPECT_EQ(state["ok"], "succeeded");
@@ -407,7 +407,7 @@ TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
   ASSERT_TRUE(WaitFor([&] { return c.GetStages(run)[0].state == "retry_wait"; }, 10));
   EXPECT_EQ(QueueMismatches(), "0");  // waiting out its backoff, not in the queue
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 2u);
   EXPECT_EQ(attempts[0].outcome, "infra_error");
@@ -434,7 +434,7 @@ TEST(Engine, SameSeedSameInterruptionsAndCheckpointsBoundTheLoss) {
     sched.Start();
     worker.Start();
     EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
-    EXPECT_EQ(RunState(run), "succeeded");
+    EXPECT_EQ(RunState(c, run), "succeeded");
     return c.GetAttempts(run);
   };
   auto first = run_with_seed(11);
@@ -479,7 +479,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  ASSERT_EQ(RunState(run), "failed");
+  ASSERT_EQ(RunState(c, run), "failed");
   auto attempts_of = [&](const std::string& name) {
     for (const auto& s : c.GetStages(run))
       if (s.name == name) return s.attempts;
@@ -492,7 +492,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   EXPECT_EQ(c.ResumeRun(run), 2);  // b (failed) and c (skipped)
   EXPECT_EQ(QueueMismatches(), "0");  // b ready again, c blocked on it
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
   EXPECT_EQ(attempts_of("b"), 2);
   EXPECT_EQ(attempts_of("c"), 1);
@@ -502,7 +502,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   EXPECT_EQ(c.RetryStage(run, "b"), 2);
   EXPECT_EQ(QueueMismatches(), "0");
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
   EXPECT_EQ(attempts_of("b"), 3);
   EXPECT_EQ(attempts_of("c"), 2);
@@ -531,7 +531,7 @@ TEST(Engine, CancelStopsRunningStagesPromptly) {
   EXPECT_EQ(QueueMismatches(), "0");  // `after` cancelled: it waits for nothing now
   // The notify wakes the worker's heartbeat at once; allow a generous bound.
   ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 5));
-  EXPECT_EQ(RunState(run), "cancelled");
+  EXPECT_EQ(RunState(c, run), "cancelled");
   for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(a.outcome, "cancelled");
   for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
   EXPECT_FALSE(c.CancelRun(run).cancelled);
@@ -555,7 +555,7 @@ TEST(Engine, RunStageResumesFromItsCheckpointAfterASpotInterruption) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   int interruptions = 0;
   for (const auto& a : attempts) {
@@ -603,7 +603,7 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_GE(attempts.size(), 4u) << "three preemptions, then on-demand";
   EXPECT_EQ(attempts.back().outcome, "succeeded");
@@ -755,8 +755,8 @@ TEST(Cache, IdenticalCompilesCompileOnceAndCorruptEntriesAreRebuilt) {
   w1.Start();
   w2.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, r1) && RunEnded(c, r2); }, 60));
-  EXPECT_EQ(RunState(r1), "succeeded");
-  EXPECT_EQ(RunState(r2), "succeeded");
+  EXPECT_EQ(RunState(c, r1), "succeeded");
+  EXPECT_EQ(RunState(c, r2), "succeeded");
   std::vector<schema::AttemptRow> all = c.GetAttempts(r1);
   for (const auto& a : c.GetAttempts(r2)) all.push_back(a);
   ASSERT_EQ(all.size(), 2u);
@@ -809,7 +809,7 @@ TEST(Cache, DeterministicCompileFailuresArePoisonedUntilRetried) {
     opts.retry_failed_compilation = retry;
     int64_t run = c.SubmitRun(p, opts);
     EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-    EXPECT_EQ(RunState(run), "failed");
+    EXPECT_EQ(RunState(c, run), "failed");
     return c.GetAttempts(run).at(0);
   };
   auto first = run_once(false);
@@ -930,7 +930,7 @@ TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
   ASSERT_TRUE(all) << c.QueryValue(
       "SELECT count(*) FROM trnflow.runs WHERE state = 'running' AND NOT EXISTS (SELECT 1 FROM "
       "trnflow.stages s WHERE s.run_id = runs.id AND s.state <> 'succeeded')");
-  for (int64_t r : runs) EXPECT_EQ(RunState(r), "succeeded");
+  for (int64_t r : runs) EXPECT_EQ(RunState(c, r), "succeeded");
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
@@ -949,7 +949,7 @@ TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
   sched.Start();
   for (auto& w : fleet) w->Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunState(c, run), "succeeded");
   std::string r = std::to_string(run);
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
                          " AND state <> 'succeeded'"),
@@ -1150,7 +1150,7 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   int64_t new_run = run_to_end(
       "pipeline: after-upgrade\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
       "  b:\n    run: [\"true\"]\n    needs: [a]\n");
-  EXPECT_EQ(RunState(new_run), "succeeded");
+  EXPECT_EQ(RunState(c, new_run), "succeeded");
   Money total_before, total_after;
   for (const auto& r : before_spend) total_before += r.cost;
   for (const auto& r : c.Spend(schema::SpendQuery{"lab", "", "", "", {"project"}}))

@@ -139,6 +139,8 @@ std::string RunState(int64_t run) {
   return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
 }
 
+std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
+
 namespace {
 std::mutex g_dirs_mu;
 std::vector<std::string>* g_dirs = nullptr;  // never destroyed: the exit handler reads it

@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <string>
 
+namespace trnflow::schema {
+class Catalog;
+}
+
 namespace trnflow::testing {
 
 class TestDatabase : public ::testing::Environment {
@@ -68,8 +72,9 @@ inline constexpr const char* kQueueMismatchesSql =
 // NULL or no row. QueryNumber: the same as a number, -1 for NULL or no row.
 std::string Query(const std::string& sql);
 double QueryNumber(const std::string& sql);
-// A run's state as the catalog holds it ("" for no such run).
+// A run's state in this binary's catalog ("" for no such run); through `c`, any catalog's.
 std::string RunState(int64_t run);
+std::string RunState(schema::Catalog& c, int64_t run);
 
 // A directory of this test process's own under /tmp: PREFIX-<pid> (and a random suffix when
 // `random_suffix`), emptied at first use and removed at exit unless TRNFLOW_TEST_KEEP_HOME is
