@@ -32,6 +32,7 @@
 namespace trnflow {
 namespace {
 
+using testing::RunState;
 using testing::TestDatabase;
 using testing::WaitFor;
 
@@ -47,7 +48,6 @@ scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions()
 
 schema::SubmitOptions Fast() { return testing::FastSubmit(); }
 
-std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
 // Stages out of step with the queue tables (tests/test_db.h); "0" when all is well.
 std::string QueueMismatches() { return testing::Query(testing::kQueueMismatchesSql); }
 

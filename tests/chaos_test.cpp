@@ -16,6 +16,7 @@
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
 #include "tests/daemon.h"
+#include "tests/run_cli.h"
 #include "tests/test_db.h"
 
 
@@ -130,7 +131,10 @@ pid_t LeaderPid() {
   std::string app = Query(
       "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
       " WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'ExclusiveLock'"
-      " AND l.relation = 'trnflow.leader_lock'::regclass LIMIT 1");
+      " AND l.relation = 'trnflow.leader_lock'::regclass"
+      // Copies of one template share relation oids: this catalog's database only.
+      " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+      " LIMIT 1");
   return app.rfind("trnflow:", 0) == 0 ? std::stoi(app.substr(8)) : -1;
 }
 
@@ -210,7 +214,12 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
   // The frozen worker wakes with an attempt it no longer owns, past its stage's end.
   frozen->Kill(SIGCONT);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 30));
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // let the stale worker try to write
+  // The stale worker has tried to write once it says it lost the lease.
+  auto worker_log = [] { return testing::ReadFile(LogDir() + "/worker10.log"); };
+  WaitFor([&] {
+    std::string text = worker_log();
+    return text.find("lease lost") != std::string::npos || text.find("stale") != std::string::npos;
+  }, 30);
   ExpectConsistent(run, 1);
   EXPECT_EQ(Query("SELECT outcome FROM trnflow.attempts WHERE attempt = 1 AND run_id = " + r),
             "lost");
@@ -220,8 +229,7 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
             ")"),
       "t")
       << "the result must be the healthy worker's";
-  std::ifstream log(LogDir() + "/worker10.log");
-  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  std::string text = worker_log();
   EXPECT_TRUE(text.find("lease lost") != std::string::npos ||
               text.find("stale") != std::string::npos)
       << "the frozen worker should have noticed it lost the lease:\n"

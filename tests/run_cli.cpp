@@ -30,6 +30,22 @@ CliResult RunShell(const std::string& command) {
   return r;
 }
 
+CliResult Sh(const std::string& command) {
+  return RunShell(command.find("2>") == std::string::npos ? command + " 2>&1" : command);
+}
+
+std::string ShOutput(const std::string& command, int* status) {
+  CliResult r = Sh(command);
+  if (status) *status = r.exit_code;
+  while (!r.out.empty() && r.out.back() == '\n') r.out.pop_back();
+  return r.out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 CliResult RunTrnflow(const std::string& args, const std::string& env) {
   static int n = 0;
   auto tmp = std::filesystem::temp_directory_path();

@@ -20,6 +20,15 @@ CliResult RunTrnflow(const std::string& args, const std::string& env = "");
 // Runs `command` under /bin/sh and returns its stdout (add 2>&1 to keep stderr) and exit code.
 CliResult RunShell(const std::string& command);
 
+// `command` under /bin/sh with its stderr in its output, unless the command sends its stderr
+// elsewhere itself ("2>" in it).
+CliResult Sh(const std::string& command);
+// Sh's output without its trailing newlines; its exit code in `*status` when given.
+std::string ShOutput(const std::string& command, int* status = nullptr);
+
+// A whole file's bytes; "" when it cannot be read.
+std::string ReadFile(const std::string& path);
+
 // Writes `text` to a fresh file in the temp directory and returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& text);
 

@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -41,12 +44,67 @@ std::string TestDatabase::NewLogin(const std::string& who) {
   return schema::WithLogin(g_url, role, password);
 }
 
+std::string MigrateNewCatalog(const std::string& name) {
+  std::string url = schema::CreateDatabase(AdminUrl(), name);
+  schema::Catalog(url).Migrate(sim::Catalog::Builtin());
+  return url;
+}
+
+std::string CopyCatalog(const std::string& template_name, const std::string& name) {
+  static const std::string make_own = [] {
+    std::ifstream in(std::string(TRNFLOW_SOURCE_DIR) + "/tests/catalog_copy.sql");
+    std::string sql{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (sql.empty()) throw std::runtime_error("cannot read tests/catalog_copy.sql");
+    return sql;
+  }();
+  std::string url = schema::CreateDatabase(AdminUrl(), name);  // for its URL
+  {
+    schema::Catalog admin(AdminUrl());
+    admin.RunOutsideTransaction("DROP DATABASE " + name);
+    // PostgreSQL copies no database anyone is connected to (an autovacuum worker passing by).
+    for (int tries = 0;; ++tries) {
+      try {
+        admin.RunOutsideTransaction("CREATE DATABASE " + name + " TEMPLATE " + template_name);
+        break;
+      } catch (const std::exception& e) {
+        if (tries >= 100 || !std::strstr(e.what(), "is being accessed by other users")) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+  }
+  schema::Catalog(url).RunOutsideTransaction(make_own);  // one DO block: one transaction
+  return url;
+}
+
+void MakeCatalogTemplate(const std::string& name) {
+  DropCatalog(name);  // left by an interrupted run, with its roles (a migration would refuse them)
+  {
+    schema::Catalog catalog(MigrateNewCatalog(name));
+    // Its job uids from a block of its own, above the test catalogs' (TestDatabase::SetUp) and
+    // below schema/current.sh's, so the site's default block stays free while it lives.
+    int64_t lo = 2'000'000'000 + static_cast<int64_t>(getpid() % 1'000) * 100'000;
+    try {
+      catalog.SetJobUidRange(lo, lo + 99'999);
+    } catch (const UserError&) {  // claimed by a leftover of a reused pid: keep the default
+    }
+  }
+  // Nobody connects to it again: PostgreSQL copies only a database nobody is connected to, and
+  // autovacuum leaves one that refuses connections alone.
+  schema::Catalog(AdminUrl()).RunOutsideTransaction("ALTER DATABASE " + name +
+                                                    " WITH ALLOW_CONNECTIONS false");
+}
+
+void DropCatalog(const std::string& name) {
+  schema::DropDatabase(AdminUrl(), name);
+  schema::DropCatalogRoles(AdminUrl(), name);
+}
+
 void TestDatabase::SetUp() {
   name_ = g_name = prefix_ + "_" + std::to_string(getpid());
-  g_owner_url = schema::CreateDatabase(AdminUrl(), name_);
+  const char* from = std::getenv("TRNFLOW_TEST_TEMPLATE");
+  g_owner_url = from && *from ? CopyCatalog(from, name_) : MigrateNewCatalog(name_);
   {
     schema::Catalog catalog(g_owner_url);
-    catalog.Migrate(sim::Catalog::Builtin());
     // Job uids from a block of its own far above the real catalogs' (the default claims the
     // first free block from 200000; a test catalog holding it would push the site's own
     // catalog, migrated meanwhile, to another block).
@@ -64,8 +122,7 @@ void TestDatabase::SetUp() {
 
 void TestDatabase::TearDown() {
   if (std::getenv("TRNFLOW_TEST_KEEP_DB")) return;
-  schema::DropDatabase(AdminUrl(), name_);
-  schema::DropCatalogRoles(AdminUrl(), name_);
+  DropCatalog(name_);
 }
 
 std::string Query(const std::string& sql) {
@@ -77,6 +134,12 @@ double QueryNumber(const std::string& sql) {
   std::string v = Query(sql);
   return v.empty() ? -1 : std::stod(v);
 }
+
+std::string RunState(int64_t run) {
+  return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+}
+
+std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
 
 namespace {
 std::mutex g_dirs_mu;

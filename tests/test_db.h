@@ -4,7 +4,12 @@
 // TRNFLOW_TEST_ADMIN_URL (a URL to any database, as a role that may create databases).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+
+namespace trnflow::schema {
+class Catalog;
+}
 
 namespace trnflow::testing {
 
@@ -34,6 +39,22 @@ class TestDatabase : public ::testing::Environment {
 // the schema owner ops/setup.sh made (/etc/trnflow/owner.url).
 std::string AdminUrl();
 
+// Catalogs for tests, all as the schema owner; each returns the new catalog's owner URL.
+// MigrateNewCatalog: database `name` created and migrated (`trnflow db migrate`).
+// CopyCatalog: database `name` copied from `template_name` (a catalog MigrateNewCatalog made
+// and nobody is connected to) and made a catalog of its own exactly as a migration would make
+// it: its own catalog id, role prefix and roles, and a job uid range claimed for it
+// (tests/catalog_copy.sql; tests/template_test.cpp holds it to a freshly migrated one).
+// MakeCatalogTemplate: a catalog for CopyCatalog (dropping an older one and its roles first),
+// its job uids a block of their own, closed to connections.
+// DropCatalog: the database and the roles made for it.
+// Under ctest, TRNFLOW_TEST_TEMPLATE names a template migrated once per run (the fixture
+// catalog_template in tests/CMakeLists.txt), and TestDatabase copies it instead of migrating.
+std::string MigrateNewCatalog(const std::string& name);
+std::string CopyCatalog(const std::string& template_name, const std::string& name);
+void MakeCatalogTemplate(const std::string& name);
+void DropCatalog(const std::string& name);
+
 // How many stages break the queue's bookkeeping (migration 0022), read in one snapshot so it
 // holds at any moment, mid-run included: a stage is in ready_stages exactly when it is ready,
 // in running_stages exactly when it runs, has pending needs exactly when it is blocked, and a
@@ -51,6 +72,9 @@ inline constexpr const char* kQueueMismatchesSql =
 // NULL or no row. QueryNumber: the same as a number, -1 for NULL or no row.
 std::string Query(const std::string& sql);
 double QueryNumber(const std::string& sql);
+// A run's state in this binary's catalog ("" for no such run); through `c`, any catalog's.
+std::string RunState(int64_t run);
+std::string RunState(schema::Catalog& c, int64_t run);
 
 // A directory of this test process's own under /tmp: PREFIX-<pid> (and a random suffix when
 // `random_suffix`), emptied at first use and removed at exit unless TRNFLOW_TEST_KEEP_HOME is

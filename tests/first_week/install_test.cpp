@@ -21,17 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using testing::ReadFile;
 using testing::RunShell;
-
-// `command` with its stderr in its output.
-testing::CliResult Sh(const std::string& command) { return RunShell(command + " 2>&1"); }
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::Sh;
 
 // A fresh root with a copy of the files useradd reads and writes.
 fs::path FreshRoot(const std::string& name) {
@@ -55,7 +47,7 @@ std::string Install(const fs::path& root, const std::string& args = "") {
 // Key=value lines of a unit file (the last one wins, as in systemd for these keys).
 std::map<std::string, std::string> UnitKeys(const fs::path& unit) {
   std::map<std::string, std::string> keys;
-  std::istringstream in(Slurp(unit));
+  std::istringstream in(ReadFile(unit));
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#' || line[0] == '[') continue;
     auto eq = line.find('=');
@@ -65,7 +57,7 @@ std::map<std::string, std::string> UnitKeys(const fs::path& unit) {
 }
 
 std::string PasswdLine(const fs::path& root, const std::string& user) {
-  std::istringstream in(Slurp(root / "etc/passwd"));
+  std::istringstream in(ReadFile(root / "etc/passwd"));
   std::string found;
   for (std::string line; std::getline(in, line);) {
     if (line.rfind(user + ":", 0) == 0) {
@@ -87,7 +79,7 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
        {"trnflow-scheduler.service", "trnflow-worker@.service", "trnflow-serve.service"}) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(fs::exists(units / name)) << r.out;
-    std::string text = Slurp(units / name);
+    std::string text = ReadFile(units / name);
     EXPECT_EQ(text.find('@' + std::string("TRNFLOW_")), std::string::npos) << "unfilled: " << text;
     auto keys = UnitKeys(units / name);
     std::string exec = keys["ExecStart"].substr(0, keys["ExecStart"].find(' '));
@@ -107,7 +99,7 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
 
   // The scheduler's user is a system account that cannot log in.
   std::string line = PasswdLine(root, "trnflow");
-  ASSERT_FALSE(line.empty()) << Slurp(root / "etc/passwd");
+  ASSERT_FALSE(line.empty()) << ReadFile(root / "etc/passwd");
   std::smatch m;
   ASSERT_TRUE(std::regex_match(line, m, std::regex(R"(trnflow:[^:]*:(\d+):\d+:[^:]*:[^:]*:(.*))")))
       << line;
@@ -126,25 +118,25 @@ TEST(Install, BinaryUnitsUserAndConfigAreWhereTheUnitsExpectThem) {
   ASSERT_EQ(stat((root / "etc/trnflow/serve-proxy.secret").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(std::to_string(st.st_uid), m[1].str());
-  std::string secret = Slurp(root / "etc/trnflow/serve-proxy.secret");
+  std::string secret = ReadFile(root / "etc/trnflow/serve-proxy.secret");
   EXPECT_TRUE(std::regex_match(secret, std::regex("[0-9a-f]{64}\n"))) << secret;
   ASSERT_EQ(stat((root / "etc/trnflow/serve-proxy.nginx.conf").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_uid, 0u);
-  EXPECT_NE(Slurp(root / "etc/trnflow/serve-proxy.nginx.conf").find(secret.substr(0, 64)),
+  EXPECT_NE(ReadFile(root / "etc/trnflow/serve-proxy.nginx.conf").find(secret.substr(0, 64)),
             std::string::npos);
   EXPECT_NE(UnitKeys(units / "trnflow-serve.service")["ExecStart"].find(
                 "--proxy-secret-file /etc/trnflow/serve-proxy.secret"),
             std::string::npos);
 
   // Again: nothing changes, nothing is duplicated.
-  std::string env_before = Slurp(root / "etc/trnflow/env");
+  std::string env_before = ReadFile(root / "etc/trnflow/env");
   r = Sh(Install(root));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("trnflow exists"), std::string::npos) << r.out;
   EXPECT_FALSE(PasswdLine(root, "trnflow").empty());
-  EXPECT_EQ(Slurp(root / "etc/trnflow/env"), env_before);
-  EXPECT_EQ(Slurp(root / "etc/trnflow/serve-proxy.secret"), secret) << "the proxy keeps working";
+  EXPECT_EQ(ReadFile(root / "etc/trnflow/env"), env_before);
+  EXPECT_EQ(ReadFile(root / "etc/trnflow/serve-proxy.secret"), secret) << "the proxy keeps working";
   fs::remove_all(root);
 }
 

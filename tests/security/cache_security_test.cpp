@@ -26,6 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CliResult;
+using testing::ReadFile;
 using testing::RunTrnflow;
 using testing::TestDatabase;
 
@@ -45,17 +46,12 @@ class TempDir {
   fs::path path_;
 };
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // Whether any regular file under `dir` holds `needle` (links are not followed).
 bool TreeContains(const fs::path& dir, const std::string& needle) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return false;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && !e.is_symlink() && Slurp(e.path()).find(needle) != std::string::npos)
+    if (e.is_regular_file() && !e.is_symlink() && ReadFile(e.path()).find(needle) != std::string::npos)
       return true;
   return false;
 }
@@ -153,7 +149,7 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
   EXPECT_NE(c_first["attempts"][0]["message"].get<std::string>().find("trusted project sec-a"),
             std::string::npos)
       << c_first.dump();
-  EXPECT_EQ(Slurp(p.home() / "runs" / std::to_string(c1) / "data/out.txt"), "result 42\n")
+  EXPECT_EQ(ReadFile(p.home() / "runs" / std::to_string(c1) / "data/out.txt"), "result 42\n")
       << "A's outputs were restored into C's run";
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-c'"), "0");
 
@@ -198,7 +194,7 @@ TEST(CacheTenancy, APoisonedEntryIsRebuiltNotServed) {
   auto [r2, second] = p.Run("sec-poison");
   EXPECT_EQ(second["state"], "succeeded") << "rebuilt: " << second.dump();
   EXPECT_EQ(p.calls(), 2);
-  EXPECT_EQ(Slurp(p.home() / "runs" / std::to_string(r2) / "data/out.txt"), "result 42\n");
+  EXPECT_EQ(ReadFile(p.home() / "runs" / std::to_string(r2) / "data/out.txt"), "result 42\n");
   auto [r3, third] = p.Run("sec-poison");
   EXPECT_EQ(third["state"], "cached") << "the rebuilt entry is served";
   EXPECT_FALSE(TreeContains(p.home() / "runs" / std::to_string(r3), "POISON"));
@@ -296,7 +292,7 @@ TEST(CacheLinks, StoreRefusesLinksOutAndKeepsLinksInsideAsLinks) {
   fs::path restored = tmp.path() / "run-2";
   workers::RestoreOutputs(a.path, restored.string());
   EXPECT_TRUE(fs::is_symlink(restored / "data/alias"));
-  EXPECT_EQ(Slurp(restored / "data/alias"), "real\n");
+  EXPECT_EQ(ReadFile(restored / "data/alias"), "real\n");
 }
 
 // An entry crafted to hold a link out (absolute, or climbing with ..) is refused on restore and
@@ -334,13 +330,13 @@ TEST(CacheLinks, RestoreRefusesEntriesWithLinksOutAndNeverWritesThroughLinks) {
   workers::RestoreOutputs(a.path, dest.string());
   EXPECT_TRUE(fs::is_empty(outside));
   EXPECT_FALSE(fs::is_symlink(dest / "data"));
-  EXPECT_EQ(Slurp(dest / "data/out.txt"), "payload\n");
+  EXPECT_EQ(ReadFile(dest / "data/out.txt"), "payload\n");
   // A file-level link too: data/out.txt -> outside/target.
   fs::remove(dest / "data/out.txt");
   fs::create_symlink(outside / "target", dest / "data/out.txt");
   workers::RestoreOutputs(a.path, dest.string());
   EXPECT_FALSE(fs::exists(outside / "target"));
-  EXPECT_EQ(Slurp(dest / "data/out.txt"), "payload\n");
+  EXPECT_EQ(ReadFile(dest / "data/out.txt"), "payload\n");
   // A destination that is itself a link is refused.
   fs::path linked_dest = tmp.path() / "run-4";
   fs::create_directory_symlink(outside, linked_dest);

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "workers/executor.h"
 
@@ -30,10 +31,7 @@ namespace {
 
 constexpr uid_t kProjectA = 200001, kProjectB = 200002;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using trnflow::testing::ReadFile;
 
 // Host pids of the processes running as `uid` whose command line contains `needle`.
 std::vector<pid_t> ProcessesOf(uid_t uid, const std::string& needle) {

@@ -40,7 +40,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Daemon;
+using testing::ReadFile;
 using testing::RunTrnflow;
+using testing::Sh;
 using testing::TestDatabase;
 using testing::Query;
 using testing::QueryNumber;
@@ -49,24 +51,6 @@ using testing::WriteTempFile;
 
 [[maybe_unused]] auto* const kDatabase =
     ::testing::AddGlobalTestEnvironment(new TestDatabase("trnflow_serve"));
-
-struct Shell {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command; its stdout (and stderr, unless `cmd` sends it elsewhere) as text.
-Shell Sh(const std::string& cmd) {
-  Shell r;
-  FILE* p = popen((cmd.find("2>") == std::string::npos ? cmd + " 2>&1" : cmd).c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -79,13 +63,6 @@ int FreePort() {
   int port = ntohs(a.sin_port);
   close(fd);
   return port;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // Each dashboard's secret file (made by the dashboard: its --token-file, or --proxy-secret-file
@@ -230,16 +207,16 @@ std::string Browse(std::string url, const std::string& screenshot = "", int budg
   };
   if (!screenshot.empty()) {
     std::string profile = fresh();
-    Shell s = Sh(common(profile) + "--window-size=1400,1100 --hide-scrollbars --screenshot=" +
+    auto s = Sh(common(profile) + "--window-size=1400,1100 --hide-scrollbars --screenshot=" +
                  ArtifactDir() + "/" + screenshot + " '" + url + "'");
     fs::remove_all(profile);
-    EXPECT_EQ(s.code, 0) << s.out;
+    EXPECT_EQ(s.exit_code, 0) << s.out;
     EXPECT_TRUE(fs::exists(ArtifactDir() + "/" + screenshot)) << s.out;
   }
   std::string profile = fresh();
-  Shell s = Sh(common(profile) + "--window-size=1400,1100 --dump-dom '" + url + "' 2>/dev/null");
+  auto s = Sh(common(profile) + "--window-size=1400,1100 --dump-dom '" + url + "' 2>/dev/null");
   fs::remove_all(profile);
-  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(s.exit_code, 0) << s.out;
   return s.out;
 }
 
@@ -563,10 +540,10 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   Http m = Get(port_, "/metrics");
   ASSERT_EQ(m.status, 200) << m.body << ReadFile(serve_->log_path());
   std::string file = WriteTempFile("metrics.txt", m.body);
-  Shell check = Sh("promtool check metrics < " + file);
-  EXPECT_EQ(check.code, 0) << check.out << "\n" << m.body;
-  Shell rules = Sh("promtool check rules " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
-  EXPECT_EQ(rules.code, 0) << rules.out;
+  auto check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.exit_code, 0) << check.out << "\n" << m.body;
+  auto rules = Sh("promtool check rules " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
+  EXPECT_EQ(rules.exit_code, 0) << rules.out;
   // Bounded labels only: never a run, an attempt or a worker.
   EXPECT_FALSE(std::regex_search(m.body, std::regex(R"([{,](run|run_id|attempt|worker|worker_id)=)")))
       << m.body;
@@ -642,8 +619,8 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   Http later = Get(port_, "/metrics");
   ASSERT_EQ(later.status, 200) << later.body << ReadFile(serve_->log_path());
   std::string later_file = WriteTempFile("metrics-later.txt", later.body);
-  Shell later_check = Sh("promtool check metrics < " + later_file);
-  EXPECT_EQ(later_check.code, 0) << later_check.out << "\n" << later.body;
+  auto later_check = Sh("promtool check metrics < " + later_file);
+  EXPECT_EQ(later_check.exit_code, 0) << later_check.out << "\n" << later.body;
   auto later_sample = [&](const std::string& series) {
     std::smatch x;
     std::string escaped = std::regex_replace(series, std::regex(R"([{}\[\]().*+?^$|\\])"), "\\$&");
@@ -743,8 +720,8 @@ TEST_F(Serve, APrometheusServerScrapesTheSpendCounter) {
   replace("/etc/prometheus/trnflow-serve.secret", Credentials()[port_].file);
   replace("127.0.0.1:8080", "127.0.0.1:" + std::to_string(port_));
   std::ofstream(dir + "/prometheus.yml") << yml;
-  Shell check = Sh("promtool check config " + dir + "/prometheus.yml");
-  EXPECT_EQ(check.code, 0) << check.out;
+  auto check = Sh("promtool check config " + dir + "/prometheus.yml");
+  EXPECT_EQ(check.exit_code, 0) << check.out;
   pid_t pid = fork();
   if (pid == 0) {
     std::string log = dir + "/prometheus.log";
@@ -812,7 +789,7 @@ TEST_F(Serve, TheRunPageDrawsTheDagAndTheInterruptedTraining) {
       << dom.substr(0, 4000);
   EXPECT_NE(dom.find("class=\"interruption\" data-stage=\"train\""), std::string::npos);
   // The run's total on the page is `trnflow show`'s, to the cent.
-  Shell table = Sh(std::string("cd " TRNFLOW_SOURCE_DIR " && " TRNFLOW_BINARY " show ") + run);
+  auto table = Sh(std::string("cd " TRNFLOW_SOURCE_DIR " && " TRNFLOW_BINARY " show ") + run);
   std::smatch spent;
   ASSERT_TRUE(std::regex_search(table.out, spent, std::regex(R"(spent (\$[0-9.,]+))")))
       << table.out;
@@ -1398,8 +1375,8 @@ TEST_F(Serve, MetricsForAProxyUserCountOnlyWhatTheySee) {
   Http hers = Get(proxy_port_, "/metrics", {{"X-Forwarded-User", alice_}});
   ASSERT_EQ(hers.status, 200) << hers.body;
   std::string file = WriteTempFile("metrics-alice.txt", hers.body);
-  Shell check = Sh("promtool check metrics < " + file);
-  EXPECT_EQ(check.code, 0) << check.out << "\n" << hers.body;
+  auto check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.exit_code, 0) << check.out << "\n" << hers.body;
   EXPECT_EQ(hers.body.find("climate-lab"), std::string::npos) << hers.body;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
@@ -1633,7 +1610,7 @@ TEST_F(Serve, WithoutTheTokenALocalProcessReadsAndCancelsNothing) {
   std::string run = StartALongRun("local-victim");
   std::string base = "http://127.0.0.1:" + std::to_string(port_);
   // Another user on the host, with curl: nothing to read.
-  Shell curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' " + base + "/api/runs"));
+  auto curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' " + base + "/api/runs"));
   EXPECT_EQ(curl.out, "401") << curl.out;
   for (const std::string& path : std::vector<std::string>{"/api/runs", "/api/runs/" + run, "/api/spend", "/api/budgets",
                                  "/api/schedules", "/api/workers", "/api/me", "/api/events",
@@ -1650,7 +1627,7 @@ TEST_F(Serve, WithoutTheTokenALocalProcessReadsAndCancelsNothing) {
   nlohmann::json me = Json(Get(port_, "/api/me", {}, false).body);
   std::string stolen = me.value("csrf_token", "x");
   EXPECT_EQ(Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", stolen}}, false).status, 401);
-  Shell cancel = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -X POST -H 'X-CSRF-Token: x' " +
+  auto cancel = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -X POST -H 'X-CSRF-Token: x' " +
                              base + "/api/runs/" + run + "/cancel"));
   EXPECT_EQ(cancel.out, "401") << cancel.out;
   EXPECT_EQ(Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", "x"}}, false).status, 401);
@@ -1673,7 +1650,7 @@ TEST_F(Serve, WithoutTheTokenALocalProcessReadsAndCancelsNothing) {
   struct stat st {};
   EXPECT_EQ(stat(cred.file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_NE(Sh(AsNobody("cat " + cred.file)).code, 0) << "another user reads the token";
+  EXPECT_NE(Sh(AsNobody("cat " + cred.file)).exit_code, 0) << "another user reads the token";
   // ... and may cancel it.
   std::string csrf = Json(Get(port_, "/api/me").body)["csrf_token"];
   Http done = Post(port_, "/api/runs/" + run + "/cancel", {{"X-CSRF-Token", csrf}});
@@ -1686,7 +1663,7 @@ TEST_F(Serve, AForgedUserHeaderWithoutTheProxySecretIsRefused) {
   std::string base = "http://127.0.0.1:" + std::to_string(proxy_port_);
   // A local process names alice itself, as the proxy would.
   httplib::Headers forged = {{"X-Forwarded-User", alice_}};
-  Shell curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -H 'X-Forwarded-User: " +
+  auto curl = Sh(AsNobody("curl -s -o /dev/null -w '%{http_code}' -H 'X-Forwarded-User: " +
                            alice_ + "' " + base + "/api/runs"));
   EXPECT_EQ(curl.out, "401") << curl.out;
   for (const std::string& path :
@@ -1919,8 +1896,8 @@ TEST(ServeMetrics, TheTextFormatIsWellFormed) {
             "trnflow_spend_usd_total{project=\"a\\\"b\\\\c\\nd\"} 0.799283\n"
             "trnflow_spend_usd_total{project=\"x\"} 2\n");
   std::string file = WriteTempFile("format.txt", text);
-  Shell check = Sh("promtool check metrics < " + file);
-  EXPECT_EQ(check.code, 0) << check.out;
+  auto check = Sh("promtool check metrics < " + file);
+  EXPECT_EQ(check.exit_code, 0) << check.out;
 }
 
 TEST(ServeOptions, ListenAddressesAndLoopback) {

@@ -32,16 +32,10 @@ using testing::RunTrnflow;
 using testing::TestDatabase;
 using testing::Query;
 using testing::QueryNumber;
+using testing::RunState;
+using testing::ShOutput;
 using testing::WaitFor;
 using testing::WriteTempFile;
-
-// `command`'s output with its stderr, without the last newline.
-std::string Sh(const std::string& command, int* status = nullptr) {
-  auto r = testing::RunShell(command + " 2>&1");
-  if (status) *status = r.exit_code;
-  while (!r.out.empty() && r.out.back() == '\n') r.out.pop_back();
-  return r.out;
-}
 
 // The cluster, up for the whole program: ops/slurm.sh in a fresh directory with ports of its
 // own (so a developer's cluster on the default ports is left alone).
@@ -55,7 +49,7 @@ class SlurmCluster : public ::testing::Environment {
   void SetUp() override {
     fs::remove_all(dir());
     int status = 0;
-    std::string out = Sh(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
+    std::string out = ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
     auto at = out.find("export SLURM_CONF=");
     if (status != 0 || at == std::string::npos) {
       // Fail the program: gtest would otherwise mark every test skipped and exit 0.
@@ -67,7 +61,7 @@ class SlurmCluster : public ::testing::Environment {
     ::setenv("SLURM_CONF", conf.c_str(), 1);
   }
   void TearDown() override {
-    Sh(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh down");
+    ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh down");
     fs::remove_all(dir());
   }
 };
@@ -95,18 +89,15 @@ std::string AttemptCol(int64_t run, const std::string& stage, int attempt, const
   if (!closed.empty() || col == "outcome" || col == "message") return closed;
   return Query("SELECT " + col + " FROM trnflow.open_attempts" + where);
 }
-std::string RunState(int64_t run) {
-  return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
-}
 // Slurm's own record of a job: squeue while it is known there.
 std::string JobState(const std::string& job) {
-  return Sh("squeue -h -t all -j " + job + " -o %T");
+  return ShOutput("squeue -h -t all -j " + job + " -o %T");
 }
 // Every job Slurm has recorded for a stage (its accounting, jobcomp/filetxt), by job name.
 int JobsOfStage(int64_t run, const std::string& stage) {
   std::string prefix = "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a";
-  std::string out = Sh("sacct -c -n -P -S now-1day -o jobid,jobname");
-  std::string queued = Sh("squeue -h -t all -o '%i|%j'");
+  std::string out = ShOutput("sacct -c -n -P -S now-1day -o jobid,jobname");
+  std::string queued = ShOutput("squeue -h -t all -o '%i|%j'");
   std::set<std::string> ids;
   for (const std::string& text : {out, queued}) {
     std::istringstream in(text);
@@ -172,7 +163,7 @@ stages:
     std::string job = AttemptCol(run, stage, 1, "executor_job");
     ASSERT_FALSE(job.empty()) << "the job id was not stored on the attempt";
     // Slurm's accounting knows it under the attempt's name, completed.
-    std::string acct = Sh("sacct -c -n -P -j " + job + " -o jobname,state,nnodes");
+    std::string acct = ShOutput("sacct -c -n -P -j " + job + " -o jobname,state,nnodes");
     EXPECT_EQ(acct.substr(0, acct.find('|')),
               "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a1")
         << acct;
@@ -190,7 +181,7 @@ stages:
   }
   // The two-node stage had two nodes in Slurm and is billed for two instances.
   std::string wide = AttemptCol(run, "wide", 1, "executor_job");
-  EXPECT_EQ(Sh("sacct -c -n -P -j " + wide + " -o nnodes"), "2");
+  EXPECT_EQ(ShOutput("sacct -c -n -P -j " + wide + " -o nnodes"), "2");
   EXPECT_EQ(AttemptCol(run, "wide", 1, "instance_count"), "2");
   // What the job printed is the attempt's log.
   auto logs = RunTrnflow("logs " + std::to_string(run) + " hello");
@@ -210,7 +201,7 @@ TEST(Slurm, ARunStageSeesItsSlurmJobAndNodelist) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   int64_t run = RunIdOf(r.out);
   std::string job = AttemptCol(run, "work", 1, "executor_job");
-  std::string node = Sh("sacct -c -n -P -j " + job + " -o nodelist");
+  std::string node = ShOutput("sacct -c -n -P -j " + job + " -o nodelist");
   ASSERT_TRUE(node == "node1" || node == "node2") << node;
   auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
   EXPECT_NE(logs.out.find("job=" + job + " nodes=" + node + " n=1 rank=0 world=1"),
@@ -247,7 +238,7 @@ TEST(Slurm, ATwoNodeStageRunsOneTaskPerNodeAndTheRanksMeet) {
   int64_t run = RunIdOf(r.out);
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   // Slurm ran a step of two tasks on the two nodes.
-  EXPECT_EQ(Sh("sacct -c -n -P -j " + job + " -o nnodes"), "2");
+  EXPECT_EQ(ShOutput("sacct -c -n -P -j " + job + " -o nnodes"), "2");
   auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
   std::string port = std::to_string(29500 + std::stoll(job) % 10000);
   std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
@@ -283,14 +274,14 @@ TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   int64_t run = RunIdOf(r.out);
   std::string job = AttemptCol(run, "work", 1, "executor_job");
-  std::string shown = Sh("scontrol show job " + job);
+  std::string shown = ShOutput("scontrol show job " + job);
   EXPECT_NE(shown.find("TresPerNode=gres:neuron:2"), std::string::npos) << shown;
   EXPECT_NE(shown.find("Partition=batch"), std::string::npos) << shown;
   // Billed: what Slurm accounted (whole seconds; the wrapper's span refines it within one),
   // at the run's speed, at trn1.32xlarge's price.
   double elapsed = -1;
   ASSERT_TRUE(WaitFor([&] {
-    std::string e = Sh("sacct -c -n -P -j " + job + " -o elapsed");
+    std::string e = ShOutput("sacct -c -n -P -j " + job + " -o elapsed");
     if (e.size() < 8) return false;
     elapsed = std::stoi(e.substr(0, 2)) * 3600 + std::stoi(e.substr(3, 2)) * 60 + std::stoi(e.substr(6, 2));
     return true;
@@ -334,7 +325,7 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
       "    retry: {max_attempts: 2, backoff: {initial: 1s}}\n";
   int64_t run = Submit(yaml, "sweep");
   auto in_slurm = [] {
-    std::string out = Sh("squeue -h -r -t pending,running,configuring,completing -o %i");
+    std::string out = ShOutput("squeue -h -r -t pending,running,configuring,completing -o %i");
     return out.empty() ? 0 : static_cast<int>(std::count(out.begin(), out.end(), '\n')) + 1;
   };
   int most = 0;
@@ -346,7 +337,7 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
   }, 120)) << AttemptCol(run, "sweep[i=9]", 1, "executor_job");
   ASSERT_EQ(JobState(AttemptCol(run, "sweep[i=9]", 1, "executor_job")), "RUNNING");
   std::string cancelled = AttemptCol(run, "sweep[i=9]", 1, "executor_job");
-  Sh("scancel " + cancelled);
+  ShOutput("scancel " + cancelled);
   ASSERT_TRUE(WaitFor([&] {
     most = std::max(most, in_slurm());
     return RunState(run) == "succeeded" || RunState(run) == "failed";
@@ -386,8 +377,8 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
   EXPECT_EQ(AttemptCol(run, "sweep[i=9]", 2, "outcome"), "succeeded");
   EXPECT_EQ(JobState(cancelled), "CANCELLED");
   std::string array = cancelled.substr(0, cancelled.find('_'));
-  std::string states = Sh("squeue -h -r -t all -j " + array + " -o %T | sort | uniq -c");
-  EXPECT_EQ(Sh("squeue -h -r -t all -j " + array + " -o %T | grep -c CANCELLED"), "1") << states;
+  std::string states = ShOutput("squeue -h -r -t all -j " + array + " -o %T | sort | uniq -c");
+  EXPECT_EQ(ShOutput("squeue -h -r -t all -j " + array + " -o %T | grep -c CANCELLED"), "1") << states;
   EXPECT_NE(states.find("COMPLETED"), std::string::npos) << states;
   // The failing task: infra_error (75), retried.
   EXPECT_EQ(AttemptCol(run, "sweep[i=7]", 1, "outcome"), "infra_error");
@@ -533,7 +524,7 @@ TEST(Slurm, CancellingARunCancelsItsRunningAndPendingJobs) {
       << AttemptCol(running, "work", 1, "outcome");
 
   // Pending: every node is taken by a job of someone else's.
-  std::string blocker = Sh("sbatch --parsable -N2 --exclusive -o /dev/null --wrap 'sleep 300'");
+  std::string blocker = ShOutput("sbatch --parsable -N2 --exclusive -o /dev/null --wrap 'sleep 300'");
   ASSERT_TRUE(WaitFor([&] { return JobState(blocker) == "RUNNING"; }, 30)) << JobState(blocker);
   int64_t pending = Submit(OneStage("slurm-cancel-pending", "true"), "pending");
   ASSERT_TRUE(WaitFor([&] { return !AttemptCol(pending, "work", 1, "executor_job").empty(); }, 30));
@@ -543,7 +534,7 @@ TEST(Slurm, CancellingARunCancelsItsRunningAndPendingJobs) {
   EXPECT_TRUE(WaitFor([&] { return JobState(pjob) == "CANCELLED"; }, 30)) << JobState(pjob);
   EXPECT_TRUE(WaitFor([&] { return !AttemptCol(pending, "work", 1, "outcome").empty(); }, 30));
   EXPECT_EQ(AttemptCol(pending, "work", 1, "outcome"), "cancelled");
-  Sh("scancel " + blocker);
+  ShOutput("scancel " + blocker);
 }
 
 TEST(Slurm, ANoticeThenAKillIsASpotInterruptionAndTheNextAttemptResumes) {
@@ -559,9 +550,9 @@ TEST(Slurm, ANoticeThenAKillIsASpotInterruptionAndTheNextAttemptResumes) {
   }, 60)) << "no checkpoint reached the catalog";
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   ASSERT_FALSE(job.empty());
-  Sh("scancel --batch --signal=USR1 " + job);
+  ShOutput("scancel --batch --signal=USR1 " + job);
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  Sh("scancel " + job);
+  ShOutput("scancel " + job);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90))
       << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
@@ -598,20 +589,20 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   fs::path begin = fs::path(CliHome()) / "slurm" / ("uid-" + uid) /
                    ("run-" + std::to_string(run)) / "work.attempt-1" / "begin";
   ASSERT_TRUE(WaitFor([&] { return fs::exists(begin); }, 30)) << begin;
-  std::string node = Sh("squeue -h -j " + job + " -o %N");
-  Sh("scontrol update nodename=" + node + " state=down reason=trnflow-test");
+  std::string node = ShOutput("squeue -h -j " + job + " -o %N");
+  ShOutput("scontrol update nodename=" + node + " state=down reason=trnflow-test");
   EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60)) << RunState(run);
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
       << AttemptCol(run, "work", 1, "message");
   EXPECT_NE(AttemptCol(run, "work", 1, "message").find("NODE_FAIL"), std::string::npos);
-  Sh("scontrol update nodename=" + node + " state=resume");
+  ShOutput("scontrol update nodename=" + node + " state=resume");
   std::string seen;  // the states seen, for the failure message
   EXPECT_TRUE(WaitFor([&] {
-    std::string st = Sh("sinfo -h -N -n " + node + " -o %t");
+    std::string st = ShOutput("sinfo -h -N -n " + node + " -o %t");
     if (seen.size() < 400) seen += st.substr(0, st.find('\n')) + " ";
     return st.find("idle") == 0;
   }, 30)) << seen << "\n"
-      << Sh("sinfo -N -o '%N %t %E'") << "\n" << Sh("squeue -t all -w " + node);
+      << ShOutput("sinfo -N -o '%N %t %E'") << "\n" << ShOutput("squeue -t all -w " + node);
 }
 
 TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {
@@ -625,7 +616,7 @@ TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
   // Someone's job in a higher priority tier needs every node: Slurm cancels ours for it.
-  std::string urgent = Sh("sbatch --parsable -p urgent -N2 --exclusive -o /dev/null --wrap 'sleep 1'");
+  std::string urgent = ShOutput("sbatch --parsable -p urgent -N2 --exclusive -o /dev/null --wrap 'sleep 1'");
   EXPECT_TRUE(WaitFor([&] { return JobState(job) == "PREEMPTED"; }, 60)) << JobState(job);
   ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90)) << RunState(run);
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
@@ -653,7 +644,7 @@ TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
   ASSERT_TRUE(WaitFor([&] { return !AttemptCol(run, "work", 1, "executor_job").empty(); }, 30));
   std::string job = AttemptCol(run, "work", 1, "executor_job");
   ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
-  std::string pid = Sh("cat " + SlurmCluster::dir() + "/slurmctld.pid");
+  std::string pid = ShOutput("cat " + SlurmCluster::dir() + "/slurmctld.pid");
   ASSERT_EQ(::kill(std::stoi(pid), SIGTERM), 0);
   ASSERT_TRUE(WaitFor([&] { return ::kill(std::stoi(pid), 0) != 0; }, 15));
   for (int i = 0; i < 6; ++i) {  // 30 s without a controller: the lease holds, no outcome
@@ -663,7 +654,7 @@ TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
     EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "");
   }
   int status = 0;
-  std::string up = Sh(SlurmCluster::env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
+  std::string up = ShOutput(SlurmCluster::env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
   ASSERT_EQ(status, 0) << up;
   EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60))
       << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
