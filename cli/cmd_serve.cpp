@@ -213,14 +213,22 @@ int CmdWorkers(const std::string& format) {
   return kExitOk;
 }
 
-int CmdWorkersForget(const std::string& which) {
+int CmdWorkersForget(const std::string& which, const std::string& format) {
   auto catalog = OpenCatalog();
   auto gone = catalog->ForgetWorkers(which);
   if (gone.empty() && !which.empty())
     throw UserError("no stopped or dead worker has id or host " + which +
                     " (live workers are never forgotten); `trnflow workers` lists them");
+  if (format == "json") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& w : gone) out.push_back({{"worker_id", w.id}, {"host", w.host}, {"pid", w.pid}});
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
   if (gone.empty()) std::cout << "no stopped or dead workers to forget\n";
-  for (const auto& w : gone) std::cout << "forgot worker " << w << "\n";
+  for (const auto& w : gone)
+    std::cout << "forgot worker " << w.id.substr(0, 8) << " (pid " << w.pid << " on " << w.host
+              << ")\n";
   return kExitOk;
 }
 

@@ -109,7 +109,7 @@ nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                 
 nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                  // schedule ls
 nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                       // workers
 int CmdWorkers(const std::string& format);
-int CmdWorkersForget(const std::string& which);  // `workers forget [WHICH]`
+int CmdWorkersForget(const std::string& which, const std::string& format);  // `workers forget`
 int CmdServe(const ServeArgs& args);
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id);

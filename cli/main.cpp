@@ -473,6 +473,8 @@ int main(int argc, char** argv) {
   auto* workers_forget = workers_cmd->add_subcommand(
       "forget", "remove stopped and dead workers from the list now (all, or one id or host)");
   workers_forget->add_option("WHICH", forget_which, "a worker id or a host (default: all)");
+  std::string forget_format = "table";
+  AddFormat(workers_forget, forget_format);
 
   ServeArgs serve_args;
   auto* serve_cmd = app.add_subcommand(
@@ -537,7 +539,7 @@ int main(int argc, char** argv) {
       runs_query.since = ReadDateFlag("--since", runs_since);
       return CmdRuns(runs_query, runs_format);
     }
-    if (workers_forget->parsed()) return CmdWorkersForget(forget_which);
+    if (workers_forget->parsed()) return CmdWorkersForget(forget_which, forget_format);
     if (workers_cmd->parsed()) return CmdWorkers(workers_format);
     if (serve_cmd->parsed()) return CmdServe(serve_args);
     if (show->parsed()) return CmdShow(show_run, show_stage, show_format, show_collapse);

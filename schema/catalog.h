@@ -434,8 +434,8 @@ class Catalog {
   // Workers that heartbeated in the last `max_age_s` seconds and have not stopped.
   std::vector<LiveWorker> LiveWorkers(double max_age_s);
   // Removes workers that are not live (all; or those whose id or host is `which`); returns
-  // them as "host pid id".
-  std::vector<std::string> ForgetWorkers(const std::string& which);
+  // them (id, host, pid).
+  std::vector<LiveWorker> ForgetWorkers(const std::string& which);
   // Who holds a run (a foreground `trnflow run` or `watch --execute`); nullopt: nobody.
   std::optional<RunHolder> HolderOf(int64_t run_id);
   // What a stage waits for (`trnflow explain`); nullopt: the run has no such stage.

@@ -42,13 +42,17 @@ std::vector<LiveWorker> Catalog::LiveWorkers(double max_age_s) {
   });
 }
 
-std::vector<std::string> Catalog::ForgetWorkers(const std::string& which) {
+std::vector<LiveWorker> Catalog::ForgetWorkers(const std::string& which) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::vector<std::string> out;
-    for (const auto& row : impl_->Exec(tx, "ForgetWorkers", which))
-      out.push_back(row[1].as<std::string>() + " " + row[2].as<std::string>() + " " +
-                    row[0].as<std::string>());
+    std::vector<LiveWorker> out;
+    for (const auto& row : impl_->Exec(tx, "ForgetWorkers", which)) {
+      LiveWorker w;
+      w.id = row[0].as<std::string>();
+      w.host = row[1].as<std::string>();
+      w.pid = row[2].as<int>();
+      out.push_back(std::move(w));
+    }
     tx.commit();
     return out;
   });

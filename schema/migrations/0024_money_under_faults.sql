@@ -347,6 +347,8 @@ BEGIN
   PERFORM trnflow.grant_member_functions(trnflow.project_writer_role(p));
   EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(),  -- (6.)
                  trnflow.project_role(p));
+  -- Members see whether the process running their run is gone (row-level security: their runs).
+  EXECUTE format('GRANT SELECT ON trnflow.held_runs TO %I', trnflow.project_role(p));
 END $$;
 REVOKE EXECUTE ON FUNCTION trnflow.ensure_project(text) FROM PUBLIC;
 
@@ -395,5 +397,6 @@ BEGIN
   FOR p IN SELECT trnflow.project_role(name) FROM trnflow.projects LOOP
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p) THEN CONTINUE; END IF;
     EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), p);
+    EXECUTE format('GRANT SELECT ON trnflow.held_runs TO %I', p);
   END LOOP;
 END $$;
