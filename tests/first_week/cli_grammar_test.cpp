@@ -67,7 +67,7 @@ const std::set<std::string> kNoData = {
     "cancel",        "resume",         "retry",          "db migrate",      "worker",
     "scheduler",     "schedule add",   "schedule pause", "schedule resume", "schedule rm",
     "cache rm",      "cache untrust",  "budget set",     "budget rm",       "project add",
-    "project grant", "schedule update", "serve",          "db drop"};
+    "project grant", "schedule update", "serve",          "db drop",         "workers forget"};
 
 // Every "" in `j` (a value that should have been null), as JSON pointers; and values that
 // break the rules by key: ids must be strings, dollars numbers.
