@@ -598,9 +598,10 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   ShOutput("scontrol update nodename=" + node + " state=resume");
   std::string seen;  // the states seen, for the failure message
   EXPECT_TRUE(WaitFor([&] {
-    std::string st = ShOutput("sinfo -h -N -n " + node + " -o %t");
-    if (seen.size() < 400) seen += st.substr(0, st.find('\n')) + " ";
-    return st.find("idle") == 0;
+    // The controller's own record of the node (sinfo -n filters by partition line too).
+    std::string st = ShOutput("scontrol show node " + node + " | grep -o 'State=[A-Z+_]*'");
+    if (seen.size() < 400) seen += st + " ";
+    return st == "State=IDLE";
   }, 30)) << seen << "\n"
       << ShOutput("sinfo -N -o '%N %t %E'") << "\n" << ShOutput("squeue -t all -w " + node);
 }
