@@ -55,6 +55,13 @@ void Catalog::Impl::Connect() {
     static const std::regex no_db(R"re(database "([^"]+)" does not exist)re");
     std::smatch m;
     std::string hint;
+    if (why.find("does not have CONNECT privilege") != std::string::npos)
+      // Only a catalog's own roles connect to its database (migration 0024).
+      throw PermissionDenied(
+          "this login may not connect to the catalog at " + RedactUrl(url) +
+          ": only the catalog's own roles may (its daemons, its reader, the members of its "
+          "projects); an administrator adds a person with `trnflow project grant PROJECT "
+          "LOGIN` (docs/security.md)");
     if (std::regex_search(why, m, no_role)) {
       hint = ". PostgreSQL is running and has no role \"" + m[1].str() +
              "\" (the login this connection used): a person needs a login of their own, "
