@@ -12,9 +12,9 @@
 namespace trnflow::cli {
 namespace {
 
-// A worker that has not heartbeated for this long is taken for dead (workers renew every few
-// seconds; leases last 15 s by default).
-constexpr double kLiveWorkerAge = 30;
+// Workers heartbeated within this long are read; of those, one silent past its own lease is
+// dead (its stages are rescued elsewhere), as `trnflow workers` says.
+constexpr double kLiveWorkerAge = 3600;
 
 std::string PoolOf(const std::string& instance_type) {
   const auto* t = sim::Catalog::Builtin().FindInstance(instance_type);
@@ -25,7 +25,8 @@ std::string PoolOf(const std::string& instance_type) {
 std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id) {
   std::vector<schema::LiveWorker> out;
   for (auto& w : catalog.LiveWorkers(kLiveWorkerAge))
-    if (w.only_run == 0 || w.only_run == run_id) out.push_back(std::move(w));
+    if ((w.only_run == 0 || w.only_run == run_id) && w.heartbeat_age_s <= w.lease_s)
+      out.push_back(std::move(w));
   return out;
 }
 
