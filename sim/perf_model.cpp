@@ -29,8 +29,12 @@ constexpr double kDecodeLayerSeconds = 100e-6;
 constexpr double kDecodeHeadSeconds = 1.8e-6;
 // Latency of one step of a collective (log2(tp) steps per all-reduce).
 constexpr double kCollectiveStepSeconds = 2.1e-6;
-// Share of peak BF16 FLOP/s that prefill (and compute-bound decode) sustains.
+// Share of peak BF16 FLOP/s that prefill (and compute-bound decode) sustains: on
+// NeuronCore-v2 (inf2, trn1; fitted on the transformers-neuronx tables) and on NeuronCore-v3
+// (trn2, whose releases prefill with NKI kernels written for it: fused QKV, MLP and flash
+// attention; fitted on the one fit row of trn2, Qwen3-32B behind optimum-neuron's vLLM).
 constexpr double kServeMatmulEfficiency = 0.30;
+constexpr double kServeMatmulEfficiencyV3 = 0.56;
 // Fixed cost of one decoder layer in prefill.
 constexpr double kPrefillLayerSeconds = 175e-6;
 // Fixed cost of one prefill: the prompt to the device and the first token back.
@@ -44,9 +48,10 @@ constexpr double kTrainScoreBytes = 56;
 constexpr double kPrefillScoreBytes = 24;
 // A continuous-batching server (vLLM on Neuron; a deploy stage with max_concurrency): the
 // host schedules, samples and detokenizes between device steps (async scheduling is off on
-// Neuron), once per decode step; and per request HTTP, tokenization and scheduling.
+// Neuron), once per decode step. Per request it costs no more than any prefill
+// (kPrefillRequestSeconds): what looked like 300 ms of it was the prompt's padding to the
+// server's one context-encoding graph (PrefillTokens).
 constexpr double kServerStepSeconds = 15e-3;
-constexpr double kServerRequestSeconds = 0.30;
 // Training:
 // Share of peak BF16 FLOP/s that training matmuls sustain.
 constexpr double kTrainMatmulEfficiency = 0.39;
@@ -110,6 +115,26 @@ bool TrainsUnfusedAttention(const Model& m) { return HasFeature(m, "absolute_pos
 // the flash-attention kernel.
 bool PrefillsUnfusedAttention(const InstanceType& t) {
   return t.family == "inf2" || t.family == "trn1" || t.family == "trn1n";
+}
+bool NeuronCoreV3(const InstanceType& t) { return t.family == "trn2" || t.family == "trn2u"; }
+double ServeMatmulEfficiency(const InstanceType& t) {
+  return NeuronCoreV3(t) ? kServeMatmulEfficiencyV3 : kServeMatmulEfficiency;
+}
+// Prefill runs a static-shape context-encoding graph, so the prompt is padded to the graph's
+// length. A continuous-batching server (optimum-neuron's vLLM integration) compiles one
+// context-encoding graph at the sequence length and pads every prompt to it; a static batch
+// (NxD Inference's and transformers-neuronx's buckets) takes the smallest bucket that holds
+// the prompt, powers of two from 128 below the sequence length and the sequence length
+// itself (NxD Inference's automatic buckets). Without a sequence length that holds the
+// prompt, the power of two.
+int PrefillTokens(int input, int seq_len, bool server) {
+  int n = std::max(1, input);
+  bool capped = seq_len >= n;
+  if (server) return capped ? seq_len : n;
+  int top = capped ? static_cast<int>(std::lround(std::log2(static_cast<double>(seq_len)))) : 31;
+  for (int i = 7; i < top; ++i)
+    if ((1 << i) >= n) return 1 << i;
+  return capped ? seq_len : n;
 }
 
 }  // namespace
@@ -223,34 +248,39 @@ ServeBreakdown ServeStep(const Workload& w, const InstanceType& t) {
       batch * layers * context * 2 /* k, v */ * kv_per_core * HeadDim(m) * kBytesBf16;
   b.weights_ms = WeightsRead(m) / (tp * bw * kWeightStreamEfficiency) * 1e3;
   b.kv_ms = kv_bytes_per_core / (bw * kKvStreamEfficiency) * 1e3;
+  double efficiency = ServeMatmulEfficiency(t);
   b.compute_ms = (2 * m.parameters + 4 * layers * context * h) * batch /
-                 (tp * flops * kServeMatmulEfficiency) * 1e3;
+                 (tp * flops * efficiency) * 1e3;
   b.layer_ms = layers * (kDecodeLayerSeconds + batch * q_per_core * kDecodeHeadSeconds) * 1e3;
   b.collective_ms = layers * 2 * AllReduceSeconds(batch * h * kBytesBf16, tp, link) * 1e3;
   b.server_step_ms = server ? kServerStepSeconds * 1e3 : 0.0;
   b.ms_per_token = std::max(b.weights_ms + b.kv_ms, b.compute_ms) + b.layer_ms +
                    b.collective_ms + b.server_step_ms;
   // Prefill: the whole prompt of every sequence, compute bound; causal attention costs
-  // 2 x layers x input^2 x hidden FLOPs per sequence; the LM head runs on the last token.
-  // A server prefills each request as it arrives (one sequence); a static batch prefills
-  // all of its sequences together.
+  // 2 x layers x n^2 x hidden FLOPs per sequence; the LM head runs on the last token. n is
+  // the prompt padded to its context-encoding graph (PrefillTokens). A server prefills each
+  // request as it arrives (one sequence); a static batch prefills all of its sequences
+  // together.
   if (server) batch = 1;
-  double n = w.input_tokens;
+  int padded = PrefillTokens(w.input_tokens, w.seq_len, server);
+  b.prefill_tokens = padded;
+  double n = padded;
   double embedding = static_cast<double>(m.vocab) * h;
   double body = std::max(0.5 * m.parameters, m.parameters - 2 * embedding);
   double prefill_flops = batch * (2 * body * n + 2 * layers * n * n * h + 2 * embedding);
-  b.prefill_compute_ms = prefill_flops / (tp * flops * kServeMatmulEfficiency) * 1e3;
+  b.prefill_compute_ms = prefill_flops / (tp * flops * efficiency) * 1e3;
   b.prefill_overhead_ms =
       b.weights_ms + kPrefillRequestSeconds * 1e3 +
       layers * (kPrefillLayerSeconds +
                                2 * AllReduceSeconds(batch * n * h * kBytesBf16, tp, link)) *
                          1e3;
   // Unfused prefill attention: the core's query heads' n x n scores through HBM per layer.
-  b.prefill_attention_ms = PrefillsUnfusedAttention(t)
-                               ? batch * layers * q_per_core * n * n * kPrefillScoreBytes /
-                                     (bw * kKvStreamEfficiency) * 1e3
-                               : 0.0;
-  b.prefill_overhead_ms += server ? kServerRequestSeconds * 1e3 : 0.0;
+  // optimum-neuron's server on NeuronCore-v2 (one core per logical core) runs its flash
+  // attention kernel on context-encoding graphs of 4,096 tokens and more.
+  bool unfused = PrefillsUnfusedAttention(t) && !(server && padded >= 4096);
+  b.prefill_attention_ms = unfused ? batch * layers * q_per_core * n * n * kPrefillScoreBytes /
+                                         (bw * kKvStreamEfficiency) * 1e3
+                                   : 0.0;
   b.ttft_ms = b.prefill_compute_ms + b.prefill_attention_ms + b.prefill_overhead_ms;
   return b;
 }

@@ -54,8 +54,9 @@ struct ServeBreakdown {
   double collective_ms = 0;        // two all-reduces per layer, growing with tp_degree
   double server_step_ms = 0;       // continuous-batching server: host work per step
   double ms_per_token = 0;
-  double prefill_compute_ms = 0;
-  double prefill_attention_ms = 0; // unfused attention scores through HBM (inf2, trn1)   // prompt FLOPs incl. attention quadratic in its length
+  int prefill_tokens = 0;          // the prompt padded to its context-encoding graph
+  double prefill_compute_ms = 0;   // prompt FLOPs incl. attention quadratic in its length
+  double prefill_attention_ms = 0; // unfused attention scores through HBM (inf2, trn1)
   double prefill_overhead_ms = 0;  // weights once, per-layer cost and collectives
   double ttft_ms = 0;
 };

@@ -555,7 +555,7 @@ TEST(Plan, DeployReplicasAndMaxConcurrencyArePlannedPerReplicaAndPerInstance) {
     return "pipeline: p\nproject: lab\nstages:\n  serve:\n    kind: deploy\n"
            "    instance: inf2.48xlarge\n    model: llama-3.1-8b\n    tp_degree: 8\n"
            "    batch: 32\n    input_tokens: 1500\n    output_tokens: 250\n"
-           "    requests: 1000\n" + extra;
+           "    seq_len: 4096\n    requests: 1000\n" + extra;
   };
   auto one = Parse(text("    replicas: 1\n    max_concurrency: 1\n"));
   ASSERT_TRUE(one.pipeline.has_value()) << one.diagnostics.Format();
@@ -576,7 +576,8 @@ TEST(Plan, DeployReplicasAndMaxConcurrencyArePlannedPerReplicaAndPerInstance) {
   EXPECT_NEAR(a.replica_tokens_per_second, 1000 / a.ms_per_token, 1e-6);
   EXPECT_GT(b.replica_tokens_per_second, 10 * a.replica_tokens_per_second);
   EXPECT_NEAR(b.instance_tokens_per_second, 3 * b.replica_tokens_per_second, 1e-6);
-  // The server prefills one prompt per request: its TTFT is far below a 32-prompt batch's.
+  // The server prefills one prompt per request, padded to its 4,096-token graph: its TTFT
+  // is far below a 32-prompt batch's (each prompt in its 2,048-token bucket).
   EXPECT_LT(a.ttft_ms * 5, b.ttft_ms);
   std::string json = PlanToJson(p1);
   for (const char* key : {"\"replicas_per_instance\": 1", "\"neuron_cores_per_instance\": 8",
@@ -586,7 +587,7 @@ TEST(Plan, DeployReplicasAndMaxConcurrencyArePlannedPerReplicaAndPerInstance) {
 
   // Four TP8 replicas do not fit inf2.48xlarge; they do fit trn1.32xlarge (32 cores).
   std::string err = OnlyError(Parse(text("    replicas: 4\n")));
-  EXPECT_NE(err.find("p.yaml:13:15: error: stage 'serve': replicas 4 x tp_degree 8 needs 32 "
+  EXPECT_NE(err.find("p.yaml:14:15: error: stage 'serve': replicas 4 x tp_degree 8 needs 32 "
                      "NeuronCores, but inf2.48xlarge has 24"),
             std::string::npos)
       << err;

@@ -162,6 +162,54 @@ TEST(PerfModel, ServingPhysics) {
                    EstimateServe(full, inf2, 1).work_seconds);
 }
 
+// Prefill runs a static-shape context-encoding graph (sim/README.md): a static batch takes
+// the smallest bucket that holds the prompt (powers of two from 128, then seq_len), a
+// continuous-batching server (optimum-neuron) pads every prompt to its one graph of seq_len.
+TEST(PerfModel, PrefillPadsThePromptToItsContextEncodingGraph) {
+  const Catalog& c = Catalog::Builtin();
+  const InstanceType& inf2 = *c.FindInstance("inf2.48xlarge");
+  const InstanceType& trn2 = *c.FindInstance("trn2.3xlarge");
+  Workload w;
+  w.kind = StageKind::kDeploy;
+  w.model = *c.FindModel("llama-3.1-8b");
+  w.batch = 32;
+  w.tp_degree = 4;
+  w.input_tokens = 1500;
+  w.output_tokens = 250;
+  w.seq_len = 4096;
+  EXPECT_EQ(ServeStep(w, inf2).prefill_tokens, 2048);
+  Workload at = w;
+  at.input_tokens = 2048;
+  EXPECT_EQ(ServeStep(at, inf2).prefill_tokens, 2048);
+  at.input_tokens = 10;
+  EXPECT_EQ(ServeStep(at, inf2).prefill_tokens, 128);
+  at.input_tokens = 3000;  // above the last power of two below seq_len: seq_len itself
+  at.seq_len = 5000;
+  EXPECT_EQ(ServeStep(at, inf2).prefill_tokens, 5000);
+  Workload server = w;
+  server.max_concurrency = 1;
+  ServeBreakdown s = ServeStep(server, inf2);
+  EXPECT_EQ(s.prefill_tokens, 4096);
+  // A 1,500-token prompt costs the server what a 4,096-token one does, and more than the
+  // 1,500 tokens alone would.
+  Workload full = server;
+  full.input_tokens = 4000;
+  EXPECT_DOUBLE_EQ(ServeStep(full, inf2).ttft_ms, s.ttft_ms);
+  Workload unpadded = server;
+  unpadded.seq_len = 1500;
+  EXPECT_GT(s.ttft_ms, 1.5 * ServeStep(unpadded, inf2).ttft_ms);
+  // optimum-neuron runs its flash-attention kernel on NeuronCore-v2 graphs of 4,096 tokens
+  // and more: no unfused scores there; below, they go through HBM.
+  EXPECT_EQ(s.prefill_attention_ms, 0);
+  EXPECT_GT(ServeStep(unpadded, inf2).prefill_attention_ms, 0);
+  // NeuronCore-v3 sustains a larger share of its peak in prefill: trn2's one chip (TP4) is
+  // faster per FLOP of peak than four NeuronCore-v2.
+  ServeBreakdown v3 = ServeStep(server, trn2);
+  double peak_v2 = 4 * inf2.bf16_tflops_per_chip / inf2.cores_per_chip;
+  double peak_v3 = 4 * trn2.bf16_tflops_per_chip / trn2.cores_per_chip;
+  EXPECT_LT(v3.prefill_compute_ms * peak_v3, 0.6 * s.prefill_compute_ms * peak_v2);
+}
+
 TEST(PerfModel, StaysPhysical) {
   const Catalog& c = Catalog::Builtin();
   for (const auto& t : c.instances())
