@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "pipelines/diagnostics.h"
 #include "pipelines/plan.h"
+#include "serve/client.h"
 #include "sim/catalog.h"
 
 namespace trnflow::cli {
@@ -522,6 +523,75 @@ std::string ThisHost() {
   ::gethostname(host, sizeof host - 1);
   return host;
 }
+
+// Where a member's `trnflow logs` finds the dashboard that serves their logs.
+std::string ServeUrl() {
+  const char* url = std::getenv("TRNFLOW_SERVE_URL");
+  std::string u = url && *url ? url : "http://127.0.0.1:8080";
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  return u;
+}
+
+// One attempt's log read through `trnflow serve` (a member's, under the workers' TRNFLOW_HOME):
+// how far it was read, and whether there is more to come.
+struct ServedLog {
+  int64_t offset = 0;
+  bool announced = false;  // its "==> ... <==" line was printed
+  bool done = false;     // complete, or it cannot be had (error says why)
+  std::string error;     // "" when served
+  int exit_code = 0;     // for an error: 3 (serve not reachable) or 4 (refused)
+};
+
+// Reads what follows `log.offset` of the log of `attempt` of stage `stage`: a ticket from the
+// catalog with this login (trnflow.log_ticket, which checks that it is a member of the run's
+// project), then GET /api/log-ticket from the dashboard, which spends it (docs/serve.md).
+// Returns the text read; on failure sets log.error and log.done.
+std::string ReadThroughServe(schema::Catalog& catalog, int64_t run_id, const std::string& stage,
+                             int attempt, ServedLog& log) {
+  std::string text;
+  std::string url = ServeUrl();
+  for (int pieces = 0; pieces < 1024; ++pieces) {  // 256 KiB a piece: the 64 MiB cap, and more
+    schema::LogTicket ticket = catalog.IssueLogTicket(run_id, stage, attempt);
+    serve::HttpAnswer a =
+        serve::HttpGet(url, "/api/log-ticket?offset=" + std::to_string(log.offset),
+                       {{"X-Trnflow-Log-Ticket", ticket.ticket}}, 10);
+    if (a.status == 0) {
+      log.error = "the dashboard (`trnflow serve`), which serves members their projects' logs, "
+                  "does not answer at " + url + " (" + a.error + "): ask an operator to run "
+                  "`trnflow serve` on this host, or set TRNFLOW_SERVE_URL to where it listens "
+                  "(docs/serve.md, \"Logs from the command line\")";
+      log.exit_code = kExitNoCatalog;
+      log.done = true;
+      return text;
+    }
+    auto body = nlohmann::json::parse(a.body, nullptr, false);
+    if (a.status != 200 || !body.is_object()) {
+      std::string why = body.is_object() && body.contains("error") && body["error"].is_string()
+                            ? body["error"].get<std::string>()
+                            : "HTTP " + std::to_string(a.status);
+      log.error = "the dashboard at " + url + " refused it: " + why;
+      log.exit_code = a.status == 403 || a.status == 401 ? kExitPermissionDenied : kExitNoCatalog;
+      log.done = true;
+      return text;
+    }
+    if (!body.value("available", false)) {
+      log.error = "the dashboard at " + url + " does not have it either (its worker's "
+                  "TRNFLOW_HOME is on another host: docs/operations.md)";
+      log.exit_code = 0;
+      log.done = true;
+      return text;
+    }
+    std::string piece = body.value("text", "");
+    text += piece;
+    log.offset = body.value("next_offset", log.offset);
+    if (body.value("complete", false)) {
+      log.done = true;
+      return text;
+    }
+    if (piece.empty() || log.offset >= body.value("size", int64_t{0})) return text;  // all so far
+  }
+  return text;
+}
 }  // namespace
 
 int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
@@ -547,9 +617,19 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
   // "text" is null for a log on another host.
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::map<std::string, size_t> entry_of;  // path -> index in `out`
+  // Logs this user may not open, read through `trnflow serve` (by path).
+  std::map<std::string, ServedLog> served;
+  int exit_code = kExitOk;
   int shown = 0;
   if (follow) InstallSignalHandlers();
   while (true) {
+    // Whether this is the last pass: the run's state is read before its logs, so what its
+    // attempts wrote before it ended is all printed.
+    bool last = !follow;
+    if (follow) {
+      auto run = catalog->GetRun(run_id);
+      last = !run || run->state != "running";
+    }
     auto attempts = catalog->GetAttempts(run_id);
     for (const auto& s : stages) {
       if (!StageMatches(s.name, stage)) continue;
@@ -574,22 +654,46 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
           std::error_code ec;
           fs::path here = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
           (void)fs::symlink_status(here, ec);
+          // A member reads it through the dashboard, which serves them their projects' logs.
           if (a.outcome != "cached" && ec == std::errc::permission_denied &&
-              worker_host == ThisHost() && elsewhere.insert(here.string()).second) {
-            if (json)
-              out.push_back({{"stage", s.name},
-                             {"attempt", a.attempt},
-                             {"path", here.string()},
-                             {"host", nullptr},
-                             {"text", nullptr},
-                             {"readable", false}});
-            else
-              std::cout << "==> " << s.name << " attempt " << a.attempt << ": its log is on "
-                        << "this host at " << here.string()
-                        << ", under TRNFLOW_HOME, which only the workers' user may read; read "
-                           "it on the dashboard (`trnflow serve`, which shows a member their "
-                           "projects' logs: docs/serve.md), or as root <==\n";
-            ++shown;
+              worker_host == ThisHost()) {
+            auto [st, fresh] = served.try_emplace(here.string());
+            ServedLog& log = st->second;
+            if (log.done) continue;
+            std::string text = ReadThroughServe(*catalog, run_id, s.name, a.attempt, log);
+            if (fresh) ++shown;
+            if (!log.error.empty() && log.exit_code) exit_code = std::max(exit_code, log.exit_code);
+            if (json) {
+              auto [e, added] = entry_of.try_emplace(here.string(), out.size());
+              if (added)
+                out.push_back({{"stage", s.name},
+                               {"attempt", a.attempt},
+                               {"path", here.string()},
+                               {"host", nullptr},
+                               {"text", ""},
+                               {"served_by", ServeUrl()}});
+              auto& entry = out[e->second];
+              if (!log.error.empty()) {
+                if (entry["text"] == "") entry["text"] = nullptr;
+                entry["readable"] = false;
+                entry["error"] = log.error;
+              } else {
+                entry["text"] = entry["text"].get<std::string>() + text;
+              }
+              continue;
+            }
+            if (!log.announced && (log.error.empty() || !text.empty())) {
+              log.announced = true;
+              std::cout << "==> " << s.name << " attempt " << a.attempt << " (" << here.string()
+                        << ", through trnflow serve) <==\n";
+            }
+            std::cout << text;
+            if (!log.error.empty())
+              std::cout << (text.empty() || text.back() == '\n' ? "" : "\n") << "==> " << s.name
+                        << " attempt " << a.attempt << ": its log is on this host at "
+                        << here.string()
+                        << ", under TRNFLOW_HOME, which only the workers' user may read; "
+                        << log.error << " <==\n";
             continue;
           }
           if (a.outcome != "cached" && !a.worker_home.empty() &&
@@ -633,9 +737,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
       }
     }
     std::cout << std::flush;
-    if (!follow) break;
-    auto run = catalog->GetRun(run_id);
-    if (!run || run->state != "running") break;  // what was written before the end is printed
+    if (last) break;
     if (g_interrupted) return kExitInterrupted;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     stages = catalog->GetStages(run_id);
@@ -643,12 +745,12 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
   if (json) {
     // Output is bytes; anything that is not UTF-8 is replaced rather than refused.
     std::cout << out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-    return kExitOk;
+    return exit_code;
   }
   if (!shown)
     std::cout << "no captured output" << (stage.empty() ? "" : " for stage " + stage)
               << " (only run: stages write logs, under " << dir.string() << ")\n";
-  return kExitOk;
+  return exit_code;
 }
 
 int CmdInstances(const std::string& format, bool sources) {

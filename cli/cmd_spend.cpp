@@ -229,7 +229,7 @@ int CmdEvents(const EventsArgs& a) {
 
 // The project naming rule, checked before the catalog is asked (which checks it too).
 static void RequireProjectName(const std::string& name) {
-  static const std::regex rule("[a-z0-9][a-z0-9-]{0,62}");
+  static const std::regex rule("[a-z0-9][a-z0-9_-]{0,62}");
   if (!std::regex_match(name, rule))
     throw UserError("invalid project name '" + name + "': " + pipelines::ProjectNameHint(name));
 }

@@ -3,6 +3,7 @@
 #include <yaml-cpp/exceptions.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -33,6 +34,9 @@ Loc At(const YamlNode& n, Loc fallback = {}) {
 }
 
 const std::regex kPipelineName("[a-z0-9][a-z0-9-]{0,62}");
+// A project's name may also hold '_' (its roles spell '-' as '_'; the catalog refuses a name
+// whose roles another project already has, as 'a_b' beside 'a-b').
+const std::regex kProjectName("[a-z0-9][a-z0-9_-]{0,62}");
 const std::regex kStageName("[A-Za-z0-9][A-Za-z0-9_-]{0,62}");
 
 std::string Join(const std::vector<std::string>& v, const char* sep) {
@@ -1435,7 +1439,7 @@ LoadResult Parser::Run() {
     diags_.Error(At(root, {1, 1}), "missing field 'project'",
                  "add `project: NAME` to the file or pass --project NAME");
   }
-  if (!p_.project.empty() && !std::regex_match(p_.project, kPipelineName))
+  if (!p_.project.empty() && !std::regex_match(p_.project, kProjectName))
     diags_.Error(root["project"] && options_.project.empty() ? At(root["project"]) : Loc{},
                  "invalid project name '" + p_.project + "'",
                  ProjectNameHint(p_.project));
@@ -1580,17 +1584,14 @@ std::string CompileCacheInputs(const sim::Workload& w) {
   return j.dump();
 }
 
-// Why a project name is refused, and the name to use: no '_', because a project's PostgreSQL
-// roles spell '-' as '_' (trnflow_project_climate_lab), so 'climate_lab' and 'climate-lab'
-// would share one project's roles and rows.
+// The rule for a project's name, said when one is refused.
 std::string ProjectNameHint(const std::string& name) {
-  std::string hint = "use lowercase letters, digits and '-', starting with a letter or digit";
-  if (name.find('_') != std::string::npos) {
-    std::string dashed = name;
-    std::replace(dashed.begin(), dashed.end(), '_', '-');
-    hint += "; not '_': a project's PostgreSQL roles spell '-' as '_', so '" + name +
-            "' would share the roles (and rows) of '" + dashed + "'; write '" + dashed + "'";
-  }
+  std::string hint =
+      "use lowercase letters, digits, '-' and '_', starting with a letter or digit, at most 63";
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower != name && std::regex_match(lower, kProjectName)) hint += "; write '" + lower + "'";
   return hint;
 }
 

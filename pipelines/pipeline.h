@@ -97,8 +97,9 @@ LoadResult ParsePipeline(const std::string& text, const std::string& file,
 // with, so a field cannot be accepted without being listed (docs/pipeline-format.md is
 // checked against this list).
 std::vector<std::string> AcceptedKeys();
-// The rule for a project's name (lowercase letters, digits and '-', starting with a letter or
-// digit, at most 63), and for one with '_', why not and the name to write instead.
+// The rule for a project's name (lowercase letters, digits, '-' and '_', starting with a letter
+// or digit, at most 63), and for one in capitals, the name to write instead. The catalog also
+// refuses a name whose PostgreSQL roles another project has ('a_b' beside 'a-b').
 std::string ProjectNameHint(const std::string& name);
 // The fields a stage of `kind` may have (the common ones and its kind's own).
 std::vector<std::string> AcceptedStageKeys(StageKind kind);

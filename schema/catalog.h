@@ -208,6 +208,18 @@ struct RunsQuery {
 
 // One change of a run's (stage "") or a stage's state, from trnflow.changes: the dashboard's
 // event stream. `id` is the sequence a client resumes from.
+// A ticket for one attempt's log (Catalog::IssueLogTicket), and what one was issued for.
+struct LogTicket {
+  std::string ticket;
+  int attempt = 0;
+};
+struct SpentLogTicket {
+  std::string member;
+  int64_t run_id = 0;
+  std::string stage;
+  int attempt = 0;
+};
+
 struct ChangeRow {
   int64_t id = 0;
   std::string at;  // ISO 8601 UTC, milliseconds
@@ -641,6 +653,14 @@ class Catalog {
   std::vector<std::pair<std::string, std::string>> StageInputDigests(int64_t stage_id);
 
   // --- the dashboard (serve/) ---------------------------------------------------------------
+  // A one-use ticket (valid for a minute) for this login to read the log of `attempt` (0: the
+  // latest) of stage `stage` of run `run` through `trnflow serve` (migration 0028). Throws
+  // PermissionDenied when the login is not a member of the run's project, UserError for a
+  // stage that writes no log or an attempt it does not have.
+  LogTicket IssueLogTicket(int64_t run, const std::string& stage, int attempt);
+  // What ticket `ticket` was issued for, once; nullopt for one unknown, spent or expired. The
+  // daemons' login only.
+  std::optional<SpentLogTicket> SpendLogTicket(const std::string& ticket);
   // From now on this connection acts as `role` (SET ROLE, for the session), so row-level
   // security shows what that role may see; "" goes back to the login's own role. Throws
   // PermissionDenied when the login may not act as it.

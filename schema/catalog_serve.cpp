@@ -8,6 +8,29 @@
 
 namespace trnflow::schema {
 
+LogTicket Catalog::IssueLogTicket(int64_t run, const std::string& stage, int attempt) {
+  return impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    std::optional<int> which;
+    if (attempt > 0) which = attempt;
+    auto row = impl_->Exec(tx, "IssueLogTicket", run, stage, which)[0];
+    LogTicket t{row[0].as<std::string>(), row[1].as<int>()};
+    tx.commit();
+    return t;
+  });
+}
+
+std::optional<SpentLogTicket> Catalog::SpendLogTicket(const std::string& ticket) {
+  return impl_->Guard([&]() -> std::optional<SpentLogTicket> {
+    pqxx::work tx(impl_->C());
+    auto r = impl_->Exec(tx, "SpendLogTicket", ticket);
+    tx.commit();
+    if (r.empty()) return std::nullopt;
+    return SpentLogTicket{r[0][0].as<std::string>(), r[0][1].as<int64_t>(),
+                          r[0][2].as<std::string>(), r[0][3].as<int>()};
+  });
+}
+
 void Catalog::ActAs(const std::string& role) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());

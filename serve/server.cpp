@@ -753,6 +753,9 @@ class Dashboard {
     if (!HostAllowed(host, allowed_hosts_))
       return refuse(403, "Host " + host + " is not a name of this dashboard (--allowed-host "
                          "adds one; docs/serve.md)");
+    // A member's `trnflow logs`: the ticket their own catalog login was given is the
+    // credential (checked and spent by the route itself), not the token or the proxy's secret.
+    if (req.path == "/api/log-ticket") return R::Unhandled;
     std::string bearer = req.get_header_value("Authorization");
     bearer = bearer.rfind("Bearer ", 0) == 0 ? bearer.substr(7) : "";
     if (o_.auth == Auth::kProxy) {
@@ -938,6 +941,41 @@ class Dashboard {
     Api(svr, R"(/api/runs/(\d+)/log)", "log");
     Api(svr, "/api/budgets", "budgets");
     Api(svr, "/api/savings", "savings");
+    // GET /api/log-ticket?offset=BYTES with X-Trnflow-Log-Ticket: a piece of one attempt's log
+    // for a member's `trnflow logs` (docs/serve.md, "Logs from the command line"). The ticket
+    // (trnflow.log_ticket, issued to the member's own login after checking they read the run's
+    // project) is spent here, once; the log is then read as the "log" view reads it for the
+    // dashboard, acting as that member, so row-level security decides once more.
+    svr.Get("/api/log-ticket", [this](const httplib::Request& req, httplib::Response& res) {
+      Guarded(res, [&] {
+        res.set_header("Cache-Control", "no-store");
+        auto view = o_.views.find("log");
+        if (view == o_.views.end()) throw HttpError(404, "no such resource");
+        std::string ticket = req.get_header_value("X-Trnflow-Log-Ticket");
+        if (ticket.empty())
+          throw HttpError(401, "no X-Trnflow-Log-Ticket header: `trnflow logs` gets one from "
+                               "the catalog with the member's own login");
+        auto c = pool_.Take();
+        auto spent = (*c)->SpendLogTicket(ticket);
+        if (!spent)
+          throw HttpError(403, "the log ticket is unknown, already used or expired (one "
+                               "request, within 60 s of `trnflow logs` asking for it)");
+        if ((*c)->MemberProjects(spent->member).empty())
+          throw HttpError(403, "'" + spent->member + "' is not a project member the dashboard "
+                               "may act as (`trnflow project grant PROJECT ROLE --read` makes "
+                               "one)");
+        (*c)->ActAs(spent->member);
+        ApiRequest r;
+        r.id = std::to_string(spent->run_id);
+        r.params["stage"] = spent->stage;
+        r.params["attempt"] = std::to_string(spent->attempt);
+        if (std::string offset = req.get_param_value("offset"); !offset.empty())
+          r.params["offset"] = offset;
+        auto body = view->second(**c, r);
+        if (!body) throw HttpError(404, "not found (or not yours to see)");
+        res.set_content(*body + "\n", "application/json");
+      });
+    });
     svr.Get("/api/me", [this](const httplib::Request& req, httplib::Response& res) {
       Guarded(res, [&] {
         Who who = Identify(req);

@@ -305,3 +305,12 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 -- A transaction id above every one given out so far (this transaction's own). The snapshot's
 -- xmax is not: it is one past the newest transaction that *ended*.
 SELECT pg_current_xact_id()::text::bigint;
+
+-- name: IssueLogTicket
+-- A one-use ticket for the log of attempt $3 (null: the latest) of stage $2 of run $1, for
+-- this login (migration 0028; trnflow.log_ticket checks who asks).
+SELECT ticket, attempt FROM trnflow.log_ticket($1, $2, $3);
+
+-- name: SpendLogTicket
+-- The member, run, stage and attempt of ticket $1, once (the daemons' login only).
+SELECT member, run_id, stage, attempt FROM trnflow.spend_log_ticket($1);
