@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,11 +45,20 @@ int main(int argc, char** argv) {
     o.database_url = url;
     o.home = "/tmp/trnflow-bench-home";
     o.pools = {{"cpu", 8}};
-    o.noop_executor = [&](int64_t stage_id) {
+    // A no-op stage that notes when its executor started.
+    struct NotingNoop final : workers::Executor {
+      std::function<void(int64_t)> note;
+      workers::ExecResult Run(const workers::ExecContext& ctx) override {
+        note(ctx.stage_id);
+        return workers::ExecResult{};
+      }
+    };
+    auto noop = std::make_shared<NotingNoop>();
+    noop->note = [&](int64_t stage_id) {
       int64_t i = stage_id - first;
       if (i >= 0 && i < stages) started[i] = now_ns();
-      return true;
     };
+    o.executors = workers::Executors::AllOn(noop);
     workers::Worker worker(o);
     worker.Start();
     std::this_thread::sleep_for(std::chrono::seconds(1));  // listening, idle

@@ -32,7 +32,7 @@ class WorkerProcesses {
         o.home = "/tmp/trnflow-bench-home";
         o.pools = {{"cpu", capacity}};
         o.commit_batch = commit_batch;
-        o.noop_executor = [](int64_t) { return true; };
+        o.executors = workers::Executors::AllOn(std::make_shared<workers::NoopExecutor>());
         {
           workers::Worker w(o);
           w.Start();

@@ -155,7 +155,12 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
                                  !ex.slurm_config.empty()))
     throw UserError("--partition, --account, --shared-dir, --spot-partition and --slurm-config "
                     "are for --executor slurm");
-  if (ex.executor == "slurm") o.slurm = SlurmFromArgs(ex);
+  // What runs the stages: this host, or one Slurm batch job per attempt for every stage.
+  if (ex.executor == "slurm")
+    o.executors = workers::Executors::AllOn(
+        std::make_shared<workers::SlurmExecutor>(SlurmFromArgs(ex)));
+  else
+    o.executors = workers::Executors::Local();
 }
 
 int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,

@@ -900,7 +900,16 @@ TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0, generation = 0;
-  auto together = [&](int64_t) {
+  // A no-op executor that waits (half a second at most) for the other worker's stage.
+  struct Together final : workers::Executor {
+    std::function<void()> meet;
+    workers::ExecResult Run(const workers::ExecContext&) override {
+      meet();
+      return workers::ExecResult{};
+    }
+  };
+  auto together = std::make_shared<Together>();
+  together->meet = [&] {
     std::unique_lock lock(mu);
     int mine = generation;
     if (++arrived == 2) {
@@ -911,12 +920,11 @@ TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
       cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return generation != mine; });
       if (generation == mine) arrived = 0;  // the last stage has no partner
     }
-    return true;
   };
   std::vector<std::unique_ptr<workers::Worker>> fleet;
   for (int i = 0; i < 2; ++i) {
     auto o = WorkerOpts({{"cpu", 1}});
-    o.noop_executor = together;
+    o.executors = workers::Executors::AllOn(together);
     o.commit_batch = 1;
     fleet.push_back(std::make_unique<workers::Worker>(o));
   }

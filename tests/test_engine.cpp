@@ -31,6 +31,7 @@ workers::WorkerOptions TestWorkerOptions(std::vector<workers::PoolConfig> pools)
   o.lease_s = 5;
   o.heartbeat_s = 0.3;
   o.shutdown_grace_s = 5;
+  o.executors = workers::Executors::Local();
   return o;
 }
 

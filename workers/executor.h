@@ -137,6 +137,31 @@ class SlurmExecutor final : public Executor {
   std::unique_ptr<Arrays> arrays_;
 };
 
+// Runs nothing and succeeds at once (nothing billed but the claim's own instant): the no-op
+// handler of job-queue benchmarks, and of tests that time the engine rather than its stages.
+// Everything around it (claim, lease, ledger row, release of dependents) is as always.
+class NoopExecutor final : public Executor {
+ public:
+  ExecResult Run(const ExecContext&) override { return ExecResult{}; }
+};
+
+// The executors a worker runs its stages with (WorkerOptions::executors), handed in as
+// LevelDB's Options::env is: the worker never picks one itself. `simulated` runs train,
+// compile, deploy and benchmark stages, `commands` the `run:` stages; one executor may hold
+// both slots (Slurm runs every stage; a benchmark's no-op). cli/ wires the real ones, tests
+// and benchmarks hand in their own.
+struct Executors {
+  std::shared_ptr<Executor> simulated;
+  std::shared_ptr<Executor> commands;
+
+  // This host runs every stage: SimExecutor and ProcessExecutor.
+  static Executors Local() {
+    return {std::make_shared<SimExecutor>(), std::make_shared<ProcessExecutor>()};
+  }
+  // One executor for every kind of stage.
+  static Executors AllOn(std::shared_ptr<Executor> e) { return {e, e}; }
+};
+
 // trnflow-r<run>-s<stage>-a<attempt>: one squeue --name finds every job of a stage.
 std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt);
 

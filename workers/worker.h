@@ -11,11 +11,14 @@
 //
 // Jobs run in the sandbox of workers/sandbox.h unless the operator turned it off: Start()
 // throws UserError when the sandbox is on and this process cannot switch users, or when
-// TRNFLOW_HOME cannot be prepared or reached by a job's uid.
+// TRNFLOW_HOME cannot be prepared or reached by a job's uid. The constructor throws
+// std::invalid_argument when an executor is missing.
+//
+// The parts, each a file of workers/ (README.md): claimer.cpp, committer.cpp, heartbeat.cpp,
+// attempt_runner.cpp, cache_runner.{h,cpp}, attempt_result.{h,cpp}; worker_impl.h holds
+// their shared state.
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,13 +53,10 @@ struct WorkerOptions {
   // Where a stage's `secrets:` come from: <secrets_dir>/<project>.env (KEY=VALUE lines, a file
   // only this worker's user may read), else this process's TRNFLOW_SECRET_<NAME> (site-wide).
   std::string secrets_dir = "/etc/trnflow/secrets";
-  // Benchmarks only: called at the start of every attempt instead of its executor, with the
-  // stage's id; true means the attempt succeeded at once (a no-op stage, as job-queue
-  // benchmarks use no-op handlers). Everything else (claim, ledger, release) is as always.
-  std::function<bool(int64_t stage_id)> noop_executor;
-  // Set: every stage runs as a Slurm batch job (trnflow worker --executor slurm); the worker
-  // still claims, leases, heartbeats and commits.
-  std::optional<SlurmOptions> slurm;
+  // What runs the stages (workers/executor.h), required: Executors::Local() on this host,
+  // Executors::AllOn(a SlurmExecutor) for `--executor slurm` (the worker still claims, leases,
+  // heartbeats and commits), a NoopExecutor for benchmarks. Shared by copies of the options.
+  Executors executors;
 };
 
 class Worker {
