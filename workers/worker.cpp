@@ -30,6 +30,7 @@
 #include "sim/perf_model.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
+#include "workers/job_cgroup.h"
 #include "workers/pause.h"
 #include "workers/stage_cache.h"
 
@@ -948,6 +949,8 @@ void Worker::Start() {
     w.namespaces.allow_network = w.opt.allow_network;
     w.namespaces.hidden = {ConfigDir(), w.opt.secrets_dir};
   }
+  // Found (and on cgroup v2, the worker moved into its leaf) before any job starts.
+  w.log->info("{}", CgroupHost::ForThisProcess().Describe());
   if (w.opt.slurm) w.slurm_executor = std::make_unique<SlurmExecutor>(*w.opt.slurm);
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
