@@ -28,6 +28,7 @@
 #include "sim/catalog.h"
 #include "sim/feasibility.h"
 #include "sim/perf_model.h"
+#include "schema/member_lock_guard.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
 #include "workers/job_cgroup.h"
@@ -159,6 +160,7 @@ struct Worker::Impl {
   std::unique_ptr<tbb::global_control> parallelism;
   bool sandboxed = false;  // decided in Start(): jobs switch to their project's uid
   JobNamespaces namespaces;  // decided in Start(): with the sandbox, every command in bwrap
+  std::unique_ptr<schema::MemberLockGuard> lock_guard;  // from Start() to the end of Stop()
 
   mutable std::mutex mu;  // guards running, results, wake_claim, rng
   std::map<int64_t, std::shared_ptr<Running>> running;
@@ -961,6 +963,9 @@ void Worker::Start() {
                      w.opt.lease_s);
   });
   w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
+  w.lock_guard = std::make_unique<schema::MemberLockGuard>(
+      w.opt.database_url, w.opt.member_lock_limit_s, w.opt.member_lock_every_s);
+  w.lock_guard->Start();
   w.claiming = true;
   w.stopping = false;
   w.commit_thread = std::thread([&w] { w.CommitLoop(); });
@@ -994,6 +999,7 @@ void Worker::Stop() {
   w.heartbeat_cv.notify_all();
   w.commit_thread.join();
   w.heartbeat_thread.join();
+  w.lock_guard.reset();
   for (auto& p : w.pools) p->arena->terminate();
   std::unique_ptr<schema::Catalog> cat;
   try {
