@@ -5,7 +5,9 @@
 // time per attempt: the process alone (spawned and reaped, with the exact bwrap command line
 // NamespaceArgv builds, started through setpriv as the worker's child is), and the whole
 // ProcessExecutor attempt (directories, log, output reader; its wait loop polls every 10 ms,
-// which all three share). Needs root.
+// which all three share; each attempt includes the attempt's cgroup where the host gives one).
+// A last line times the attempt's cgroup alone: made with its limits, emptied, removed.
+// Needs root.
 //
 //   build/bench/sandbox_bench [attempts per way, default 200]
 #include <spawn.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "workers/executor.h"
+#include "workers/job_cgroup.h"
 
 extern char** environ;
 
@@ -107,6 +110,26 @@ int main(int argc, char** argv) {
     std::printf("%-34s %9.2f ms %9.2f ms %11.2f ms %11.2f ms\n", w.name,
                 w.spawn_ms[w.spawn_ms.size() / 2], w.spawn_ms[w.spawn_ms.size() * 9 / 10],
                 w.ms[w.ms.size() / 2], w.ms[w.ms.size() * 9 / 10]);
+  }
+  const CgroupHost& host = CgroupHost::ForThisProcess();
+  std::printf("%s\n", host.Describe().c_str());
+  if (host.version != CgroupHost::Version::kNone) {
+    std::vector<double> cg;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      std::string error;
+      auto g = AttemptCgroup::Make(host, "bench-" + std::to_string(i), {16ULL << 30, 4096}, &error);
+      if (!g) {
+        std::fprintf(stderr, "attempt cgroup: %s\n", error.c_str());
+        return 1;
+      }
+      g.reset();
+      cg.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(cg.begin(), cg.end());
+    std::printf("%-34s %12s %12s %11.2f ms %11.2f ms\n", "of which the attempt's cgroup", "", "",
+                cg[cg.size() / 2], cg[cg.size() * 9 / 10]);
   }
   fs::remove_all(home);
   return 0;

@@ -100,7 +100,8 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
   cmd->add_flag("--no-sandbox", a.no_sandbox,
                 "run jobs as this process, unconfined (or TRNFLOW_SANDBOX=off); trusted jobs only");
   cmd->add_option("--job-limits", a.job_limits,
-                  "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M "
+                  "per-job limits, e.g. as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M,mem=16G,"
+                  "tasks=4096 "
                   "(or TRNFLOW_JOB_LIMITS)");
   cmd->add_flag("--allow-network", a.allow_network,
                 "let stages that say `network: host` share this host's network (jobs have "

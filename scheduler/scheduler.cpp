@@ -16,6 +16,7 @@
 #include "scheduler/cron.h"
 #include "schema/attempt_end.h"
 #include "schema/catalog.h"
+#include "schema/member_lock_guard.h"
 
 namespace trnflow::scheduler {
 namespace {
@@ -200,35 +201,17 @@ Scheduler::~Scheduler() { Stop(); }
 void Scheduler::Start() {
   stop_ = false;
   thread_ = std::thread([this] { Loop(); });
-  if (options_.member_lock_limit_s > 0) guard_thread_ = std::thread([this] { GuardLocks(); });
+  guard_ = std::make_unique<schema::MemberLockGuard>(options_.database_url,
+                                                     options_.member_lock_limit_s,
+                                                     options_.member_lock_every_s,
+                                                     [this] { return leader_.load(); });
+  guard_->Start();
 }
 
 void Scheduler::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
-  if (guard_thread_.joinable()) guard_thread_.join();
-}
-
-void Scheduler::GuardLocks() {
-  auto log = Logger("scheduler.locks");
-  std::unique_ptr<schema::Catalog> catalog;
-  while (!stop_) {
-    try {
-      if (!catalog) catalog = std::make_unique<schema::Catalog>(options_.database_url);
-      if (leader_.load())
-        for (const auto& ended : catalog->EndMemberBlockers(options_.member_lock_limit_s))
-          log->warn("ended a member's session that blocked the daemons: {}", ended);
-    } catch (const CatalogUnavailable& e) {
-      catalog.reset();
-      log->debug("{}", e.what());
-    } catch (const std::exception& e) {
-      log->error("tick failed: {}", e.what());
-    }
-    auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(
-                                     std::chrono::duration<double>(options_.member_lock_every_s));
-    while (!stop_ && Steady::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  if (guard_) guard_->Stop();
 }
 
 void Scheduler::Loop() {

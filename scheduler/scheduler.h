@@ -13,6 +13,7 @@
 
 namespace trnflow::schema {
 class Catalog;
+class MemberLockGuard;
 }
 
 namespace trnflow::scheduler {
@@ -40,8 +41,8 @@ struct SchedulerOptions {
   double cron_every_s = 5.0;
   // The lock guard (its own thread and connection, so a blocked service cannot stall it): a
   // member's session holding a lock that one of the daemons' sessions has waited on for longer
-  // than member_lock_limit_s is ended (Catalog::EndMemberBlockers). A member can SET its own
-  // timeouts to nothing; this limit is the daemons'. 0: off.
+  // than member_lock_limit_s is ended (schema/member_lock_guard.h; workers run one too). A
+  // member can SET its own timeouts to nothing; this limit is the daemons'. 0: off.
   double member_lock_limit_s = 5.0;
   double member_lock_every_s = 1.0;
   uint64_t seed = 0;  // jitter of intervals and of retry backoff
@@ -57,12 +58,11 @@ class Scheduler {
 
  private:
   void Loop();
-  void GuardLocks();
   SchedulerOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> leader_{false};
   std::thread thread_;
-  std::thread guard_thread_;
+  std::unique_ptr<schema::MemberLockGuard> guard_;
 };
 
 }  // namespace trnflow::scheduler

@@ -36,6 +36,7 @@
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "workers/executor.h"
+#include "workers/job_cgroup.h"
 #include "workers/pause.h"
 
 namespace bp = boost::process;
@@ -150,6 +151,16 @@ class JobProcesses {
   int init_fd_ = -1;
   ino_t ns_ = 0;
 };
+
+// "16 GiB", "512 MiB": a limit as the operator wrote it with --job-limits.
+std::string LimitText(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ULL << 30) && bytes % (1ULL << 30) == 0)
+    std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(bytes >> 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.0f MiB", bytes / 1048576.0);
+  return buf;
+}
 
 std::string Substitute(const std::string& s, const ExecContext& ctx) {
   return SubstituteRunExpressions(s, std::to_string(ctx.run_id), ctx.run_dir);
@@ -322,7 +333,29 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     exe = args.front();
     args.erase(args.begin());
   }
+  // The attempt's cgroup, where the host gives one: its limits over all its processes, and a
+  // kill that reaches every one of them, namespaced or not.
+  std::unique_ptr<AttemptCgroup> cgroup;
+  if (const CgroupHost& host = CgroupHost::ForThisProcess();
+      host.version != CgroupHost::Version::kNone) {
+    std::string error;
+    cgroup = AttemptCgroup::Make(host,
+                                 "r" + std::to_string(ctx.run_id) + "-s" +
+                                     std::to_string(ctx.stage_id) + "-a" +
+                                     std::to_string(ctx.attempt),
+                                 {ctx.limits.memory, ctx.limits.tasks}, &error);
+    if (!cgroup) {
+      ::close(status_pipe[0]);
+      ::close(status_pipe[1]);
+      if (info_pipe[0] >= 0) ::close(info_pipe[0]);
+      if (info_pipe[1] >= 0) ::close(info_pipe[1]);
+      r.outcome = Outcome::kInfraError;
+      r.message = "sandbox: could not make the attempt's cgroup: " + error;
+      return r;
+    }
+  }
   ChildSetup setup;
+  if (cgroup) setup.cgroup_fds = cgroup->join_fds();
   setup.workdir = namespaced ? "/" : ctx.workdir;  // bwrap enters it, as the job
   setup.identity = ctx.identity;
   setup.limits = ctx.limits;
@@ -400,7 +433,9 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   child.wait(ec);
   // Whatever the job left running goes with it; then the output pipe closes for the reader.
   procs.WaitGone();
+  if (cgroup) cgroup->Kill();  // without namespaces, what left the job's process group too
   reader.join();
+  bool out_of_memory = cgroup && cgroup->OutOfMemory();
   // The run's clock stops at the cap: the instance is gone then, whatever the poll's delay.
   r.sim_seconds = std::min(wall() * ctx.speed, ctx.spend_cap_s);
   int status = child.native_exit_code();
@@ -471,6 +506,15 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   if (timed_out) {
     r.outcome = Outcome::kTimeout;
     r.message = "timed out after " + FormatDuration(ctx.spec.timeout_s) + " (simulated)";
+    partial();
+    return r;
+  }
+  if (out_of_memory && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    // The kernel's OOM killer, inside the attempt's cgroup: the job's to fix (or the limit).
+    r.outcome = Outcome::kFailed;
+    r.message = "out of memory: the kernel killed the job at its memory limit (" +
+                LimitText(ctx.limits.memory) + ", mem= of the worker's --job-limits)" +
+                LastLine(report, ctx);
     partial();
     return r;
   }

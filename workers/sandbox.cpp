@@ -200,9 +200,12 @@ std::string ParseJobLimits(const std::string& text, JobLimits& limits) {
                       : key == "fsize"  ? &limits.file_size
                       : key == "nofile" ? &limits.open_files
                       : key == "output" ? &limits.output
+                      : key == "mem"    ? &limits.memory
+                      : key == "tasks"  ? &limits.tasks
                                         : nullptr;
     if (!field)
-      return "job limit '" + item + "': unknown name; use as, nproc, fsize, nofile or output";
+      return "job limit '" + item +
+             "': unknown name; use as, nproc, fsize, nofile, output, mem or tasks";
     if (!ok || v == 0)
       return "job limit '" + item + "': expected " + key +
              "=N with an optional K, M, G or T suffix, e.g. as=16G";
@@ -410,6 +413,13 @@ void ChildSetup::Apply() const noexcept {
     for (int fd = 3; fd < 65536; ++fd) {
       int flags = ::fcntl(fd, F_GETFD);
       if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+    }
+  }
+  // Into the attempt's cgroup before anything else is started: "0" is the writer itself.
+  for (int fd : cgroup_fds) {
+    if (::write(fd, "0", 1) != 1) {
+      Message m;
+      Fail(status_fd, m << "joining the attempt's cgroup failed");
     }
   }
   if (inherit_fd >= 0 && ::fcntl(inherit_fd, F_SETFD, 0) != 0) {

@@ -43,9 +43,13 @@ struct JobLimits {
   uint64_t file_size = 64ULL << 30;      // RLIMIT_FSIZE, bytes
   uint64_t open_files = 4096;            // RLIMIT_NOFILE
   uint64_t output = 64ULL << 20;         // bytes of captured output kept in the log
+  // The attempt's cgroup (workers/job_cgroup.h), where the host gives one: all its processes
+  // together.
+  uint64_t memory = 16ULL << 30;  // memory.max, bytes
+  uint64_t tasks = 4096;          // pids.max: processes and threads at once
 };
 
-// Reads "as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M" (any subset; suffixes K, M,
+// Reads "as=16G,nproc=1024,fsize=64G,nofile=4096,output=64M,mem=16G,tasks=4096" (any subset; suffixes K, M,
 // G, T are powers of 1024) over `limits`. Returns an error naming the bad item, or "".
 std::string ParseJobLimits(const std::string& text, JobLimits& limits);
 
@@ -111,9 +115,9 @@ std::string SafeName(std::string s);
 inline constexpr const char* kJobPath = "/usr/local/bin:/usr/bin:/bin";
 
 // Everything the child does between fork and exec, computed in the parent. Apply(): its own
-// session (setsid), chdir into the workdir while still privileged (a workdir under a 0700
-// parent works for a relative command), rlimits, then setgroups/setgid/setuid, then
-// PR_SET_PDEATHSIG (which a credential change clears), and marks every inherited descriptor
+// session (setsid), the attempt's cgroup, chdir into the workdir while still privileged (a
+// workdir under a 0700 parent works for a relative command), rlimits, then
+// setgroups/setgid/setuid, then PR_SET_PDEATHSIG (which a credential change clears), and marks every inherited descriptor
 // above 2 close-on-exec. A failing step writes one line to stdout (the captured log) and to
 // status_fd and exits 126; the parent reads status_fd to tell a sandbox failure from the job.
 struct ChildSetup {
@@ -123,6 +127,9 @@ struct ChildSetup {
   int status_fd = -1;  // write end of a close-on-exec pipe, or -1
   int inherit_fd = -1;  // a descriptor the command keeps across exec (bwrap's info pipe)
   bool private_umask = false;  // umask 077: what the job writes is its own
+  // The attempt's cgroup.procs files (AttemptCgroup::join_fds): joined first, so the job and
+  // everything it starts belong to the attempt's cgroup.
+  std::vector<int> cgroup_fds;
   void Apply() const noexcept;
 };
 

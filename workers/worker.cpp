@@ -12,6 +12,8 @@
 
 #include "common/env.h"
 #include "nlohmann/json.hpp"
+#include "schema/member_lock_guard.h"
+#include "workers/job_cgroup.h"
 #include "workers/worker_impl.h"
 
 namespace trnflow::workers {
@@ -97,6 +99,8 @@ void Worker::Start() {
     w.namespaces.allow_network = w.opt.allow_network;
     w.namespaces.hidden = {ConfigDir(), w.opt.secrets_dir};
   }
+  // Found (and on cgroup v2, the worker moved into its leaf) before any job starts.
+  w.log->info("{}", CgroupHost::ForThisProcess().Describe());
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
   std::unique_ptr<schema::Catalog> cat;
@@ -106,6 +110,9 @@ void Worker::Start() {
                      w.opt.lease_s);
   });
   w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
+  w.lock_guard = std::make_unique<schema::MemberLockGuard>(
+      w.opt.database_url, w.opt.member_lock_limit_s, w.opt.member_lock_every_s);
+  w.lock_guard->Start();
   w.claiming = true;
   w.stopping = false;
   w.commit_thread = std::thread([&w] { w.CommitLoop(); });
@@ -139,6 +146,7 @@ void Worker::Stop() {
   w.heartbeat_cv.notify_all();
   w.commit_thread.join();
   w.heartbeat_thread.join();
+  w.lock_guard.reset();
   for (auto& p : w.pools) p->arena->terminate();
   std::unique_ptr<schema::Catalog> cat;
   try {

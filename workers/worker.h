@@ -40,6 +40,10 @@ struct WorkerOptions {
   double heartbeat_s = 3;
   double poll_s = 1.0;  // claim even without a notification this often
   double shutdown_grace_s = 10;
+  // The lock guard every daemon runs (schema/member_lock_guard.h): a member's session holding a
+  // lock one of the daemons' sessions has waited on longer than this is ended. 0: off.
+  double member_lock_limit_s = 5;
+  double member_lock_every_s = 2;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
   // Run commands as their project's uid, in private directories (docs/security.md).

@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "schema/catalog.h"
+#include "schema/member_lock_guard.h"
 #include "workers/cache_runner.h"
 #include "workers/executor.h"
 #include "workers/worker.h"
@@ -75,6 +76,7 @@ struct Worker::Impl {
   std::unique_ptr<tbb::global_control> parallelism;
   bool sandboxed = false;  // decided in Start(): jobs switch to their project's uid
   JobNamespaces namespaces;  // decided in Start(): with the sandbox, every command in bwrap
+  std::unique_ptr<schema::MemberLockGuard> lock_guard;  // from Start() to the end of Stop()
   std::unique_ptr<CacheRunner> cache;  // made in the constructor, from opt
 
   mutable std::mutex mu;  // guards running, results, wake_claim, rng

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "workers/executor.h"
+#include "workers/job_cgroup.h"
 
 namespace fs = std::filesystem;
 using namespace trnflow;
@@ -525,6 +527,139 @@ TEST(SandboxNames, AStageNameIsAlwaysOneComponentBelowItsParent) {
   EXPECT_EQ(SafeName("compile[batch=1,seq_len=512]"), "compile[batch=1,seq_len=512]");
 }
 
+// The attempt's cgroup (workers/job_cgroup.h): its memory and process count over all its
+// processes, and a kill that reaches what escaped its process group. These machines have cgroup
+// v1 (memory and pids); a v2 host gets the same through its delegated cgroup.
+TEST_F(SandboxTest, AnAttemptPastItsMemoryIsKilledInsideItsCgroupAndToldSo) {
+  const CgroupHost& host = CgroupHost::ForThisProcess();
+  ASSERT_TRUE(host.memory) << host.Describe();
+  auto ctx = Job("hungry", kProjectA, 30,
+                 "echo before; exec python3 -c \"b = b'x' * (400 << 20); print(len(b))\"");
+  ctx.limits.memory = 64ULL << 20;
+  ExecResult r = Run(ctx);
+  EXPECT_EQ(r.outcome, Outcome::kFailed) << r.message;
+  EXPECT_NE(r.message.find("out of memory"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("64 MiB"), std::string::npos) << r.message;
+  // The same job with room runs: it was the limit, not the job.
+  auto roomy = Job("roomy", kProjectA, 30, "exec python3 -c \"b = b'x' * (40 << 20); print(len(b))\"");
+  roomy.limits.memory = 256ULL << 20;
+  r = Run(roomy);
+  EXPECT_EQ(r.outcome, Outcome::kSucceeded) << r.message;
+  EXPECT_NE(ReadFile(roomy.log_path).find("41943040"), std::string::npos);
+}
+
+TEST_F(SandboxTest, AnAttemptsProcessCountIsCappedByItsCgroup) {
+  const CgroupHost& host = CgroupHost::ForThisProcess();
+  ASSERT_TRUE(host.tasks) << host.Describe();
+  // dash: no retry loop on a failed fork; it says "Cannot fork" and exits 2.
+  auto ctx = Job("forker", kProjectA, 31, "");
+  ctx.spec.command.argv = {"sh", "-c",
+                           "i=0; while [ $i -lt 60 ]; do echo $i > \"$TRNFLOW_RUN_DIR/started\"; "
+                           "sleep 30 & i=$((i+1)); done"};
+  ctx.limits.tasks = 24;
+  ExecResult r = Run(ctx);
+  std::string log = ReadFile(ctx.log_path);
+  EXPECT_EQ(r.outcome, Outcome::kFailed) << r.message << log;
+  EXPECT_NE(log.find("Cannot fork"), std::string::npos) << log;
+  // bwrap's reaper, the shell and its sleeps: never more than the cgroup allows.
+  int started = std::stoi("0" + ReadFile(ctx.run_dir + "/started"));
+  EXPECT_LT(started, 24) << log;
+  EXPECT_GE(started, 10) << log;
+  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 30"), std::vector<pid_t>{});
+}
+
+// Without namespaces (a worker whose bwrap is missing would refuse; this is --no-sandbox's
+// path and Slurm's wrapper-less one), a setsid daemon leaves the job's process group: the
+// cgroup still takes it down with the attempt.
+TEST_F(SandboxTest, WithoutNamespacesTheCgroupStillEndsEverythingTheJobStarted) {
+  ASSERT_NE(CgroupHost::ForThisProcess().version, CgroupHost::Version::kNone)
+      << CgroupHost::ForThisProcess().Describe();
+  auto ctx = Job("escape-plain", kProjectA, 32,
+                 "setsid sleep 302.5 >/dev/null 2>&1 </dev/null & "
+                 "(setsid sleep 302.6 </dev/null >/dev/null 2>&1 &); echo started");
+  ctx.namespaces.enabled = false;
+  ExecResult r = Run(ctx);
+  ASSERT_EQ(r.outcome, Outcome::kSucceeded) << r.message;
+  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 302."), std::vector<pid_t>{});
+}
+
+// cgroup v2, as a delegated host has it: made, joined, killed whole and removed. The v2
+// hierarchy here has no memory or pids controller (v1 holds them), so this checks the
+// mechanics; where the controllers are there, their limits too.
+TEST(JobCgroupV2, AnAttemptIsMadeJoinedKilledWholeAndRemoved) {
+  if (::geteuid() != 0) GTEST_SKIP() << "cgroups need root";
+  std::string mount;
+  {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (mount.empty() && std::getline(in, line))
+      if (line.find(" - cgroup2 ") != std::string::npos) {
+        std::stringstream f(line);
+        std::string id, parent, dev, root;
+        f >> id >> parent >> dev >> root >> mount;
+        if (root != "/") mount.clear();
+      }
+  }
+  std::string mounted_here;
+  if (mount.empty()) {
+    mounted_here = fs::temp_directory_path() / ("trnflow-cg2-" + std::to_string(getpid()));
+    fs::create_directories(mounted_here);
+    ASSERT_EQ(::system(("mount -t cgroup2 none " + mounted_here).c_str()), 0);
+    mount = mounted_here;
+  }
+  CgroupHost host = CgroupHost::Detect(mount, mount);
+  ASSERT_EQ(host.version, CgroupHost::Version::kV2) << host.Describe();
+  EXPECT_NE(host.Describe().find("v2 under " + mount + "/trnflow"), std::string::npos)
+      << host.Describe();
+  std::string error;
+  auto g = AttemptCgroup::Make(host, "test", {64ULL << 20, 16}, &error);
+  ASSERT_TRUE(g) << error;
+  ASSERT_EQ(g->dirs().size(), 1u);
+  std::string dir = g->dirs()[0];
+  if (host.memory) {
+    EXPECT_EQ(ReadFile(dir + "/memory.max"), std::to_string(64ULL << 20) + "\n");
+  }
+  if (host.tasks) {
+    EXPECT_EQ(ReadFile(dir + "/pids.max"), "16\n");
+  }
+  // A child that joins, then leaves a daemon of its own behind and exits.
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::write(g->join_fds()[0], "0", 1) != 1) ::_exit(3);
+    if (::fork() == 0) {
+      ::setsid();
+      ::execlp("sleep", "sleep", "303.5", nullptr);
+      ::_exit(4);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(trnflow::testing::WaitFor([&] { return !g->Empty(); }, 5));
+  g->Kill();
+  EXPECT_TRUE(g->Empty());
+  EXPECT_EQ(ProcessesOf(0, "sleep 303.5"), std::vector<pid_t>{});
+  EXPECT_FALSE(g->OutOfMemory());
+  g.reset();
+  EXPECT_FALSE(fs::exists(dir)) << "the attempt's cgroup was not removed";
+  ::rmdir(host.parents[0].c_str());
+  if (!mounted_here.empty()) {
+    ::system(("umount " + mounted_here).c_str());
+    fs::remove(mounted_here);
+  }
+}
+
+TEST(JobCgroupV2, AnUndelegatedCgroupIsNotUsedAndOffIsOff) {
+  EXPECT_EQ(CgroupHost::Detect("/sys/fs/cgroup", "off").version, CgroupHost::Version::kNone);
+  EXPECT_NE(CgroupHost::Detect("/sys/fs/cgroup", "off").Describe().find("rlimits only"),
+            std::string::npos);
+  // A named directory that is not a cgroup v2 one is refused, not written to.
+  CgroupHost h = CgroupHost::Detect("/sys/fs/cgroup", "/tmp");
+  EXPECT_EQ(h.version, CgroupHost::Version::kNone);
+  EXPECT_NE(h.why_none.find("not a cgroup v2 directory"), std::string::npos) << h.why_none;
+}
+
 // The parts that need no processes.
 
 TEST(SandboxDecision, RefusesWithoutTheRightToSwitchUsersUnlessTurnedOff) {
@@ -578,7 +713,10 @@ TEST(JobLimits, ParsesSizesAndNamesTheBadItem) {
   EXPECT_EQ(l.file_size, 512ULL << 20);
   EXPECT_EQ(l.open_files, 100u);
   EXPECT_EQ(l.output, 1024u);
-  EXPECT_NE(ParseJobLimits("mem=1G", l).find("mem=1G"), std::string::npos);
+  EXPECT_EQ(ParseJobLimits("mem=1G,tasks=200", l), "");
+  EXPECT_EQ(l.memory, 1ULL << 30);
+  EXPECT_EQ(l.tasks, 200u);
+  EXPECT_NE(ParseJobLimits("ram=1G", l).find("ram=1G"), std::string::npos);
   EXPECT_NE(ParseJobLimits("as=lots", l).find("as=lots"), std::string::npos);
   EXPECT_NE(ParseJobLimits("as=0", l), "");
   EXPECT_NE(ParseJobLimits("nproc=-1", l), "");

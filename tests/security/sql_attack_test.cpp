@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <functional>
 #include <latch>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
@@ -141,6 +143,8 @@ class SqlAttacks : public ::testing::Test {
     ASSERT_EQ(RunTrnflow("project add atk --member " + Member("mallory")).exit_code, 0);
     ASSERT_EQ(RunTrnflow("project add vic").exit_code, 0);
   }
+  void MembersIdleTransactionDoesNotStallAWorkersCommit(
+      const std::function<std::function<void()>()>& run_daemons);
   static inline std::string mallory_url_;
 };
 
@@ -499,7 +503,11 @@ TEST_F(SqlAttacks, AMalformedSpecDoesNotStallTheLeaseRescuer) {
 // A member opens a transaction that holds its own run's row, with its timeouts SET to nothing:
 // the worker's commit, which closes another project's stage in the same batch, must not wait
 // until that stage is declared lost. The scheduler's lock guard ends the member's session.
-TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommit) {
+// A member's transaction holds its run's row with its own timeouts off, while a worker commits
+// a batch that touches that row: `run_daemons` starts the daemons whose lock guard must end the
+// member's session.
+void SqlAttacks::MembersIdleTransactionDoesNotStallAWorkersCommit(
+    const std::function<std::function<void()>()>& run_daemons) {
   schema::Catalog daemon(TestDatabase::url());
   schema::Catalog mallory(mallory_url_);
   auto o = testing::FastSubmit();
@@ -526,11 +534,7 @@ TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommit) {
       "SET lock_timeout = 0; BEGIN; SELECT trnflow.cancel_run(" +
       std::to_string(mine) + ", 'cancelled')");
 
-  auto opts = testing::TestSchedulerOptions();
-  opts.member_lock_limit_s = 1;
-  opts.member_lock_every_s = 0.2;
-  scheduler::Scheduler sched(opts);
-  sched.Start();
+  std::function<void()> stop_daemons = run_daemons();
   std::atomic<bool> done{false};
   std::thread commit([&] {
     try {
@@ -545,9 +549,43 @@ TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommit) {
   EXPECT_TRUE(finished) << "a member's open transaction stalled the worker's commit";
   hold.reset();  // ends the member's transaction if the guard did not
   commit.join();
-  sched.Stop();
+  stop_daemons();
   EXPECT_EQ(Query("SELECT state FROM trnflow.stages WHERE run_id = " + std::to_string(other)),
             "succeeded");
+}
+
+TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommit) {
+  MembersIdleTransactionDoesNotStallAWorkersCommit([] {
+    auto opts = testing::TestSchedulerOptions();
+    opts.member_lock_limit_s = 1;
+    opts.member_lock_every_s = 0.2;
+    auto sched = std::make_shared<scheduler::Scheduler>(opts);
+    sched->Start();
+    return [sched] { sched->Stop(); };
+  });
+}
+
+// With no scheduler running: each worker runs the lock guard too.
+TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommitWithoutAScheduler) {
+  std::string home = (std::filesystem::temp_directory_path() /
+                      ("trnflow-lockguard-" + std::to_string(getpid()))).string();
+  MembersIdleTransactionDoesNotStallAWorkersCommit([home] {
+    workers::WorkerOptions o;
+    o.database_url = TestDatabase::url();
+    o.home = home;
+    o.pools = {{"gpu", 1}};  // nothing of these runs to claim: the guard is what is tested
+    o.sandbox = false;
+    o.executors = workers::Executors::Local();
+    o.member_lock_limit_s = 1;
+    o.member_lock_every_s = 0.2;
+    auto worker = std::make_shared<workers::Worker>(o);
+    worker->Start();
+    return [worker, home] {
+      worker->Stop();
+      std::error_code ec;
+      std::filesystem::remove_all(home, ec);
+    };
+  });
 }
 
 // Two catalogs on one server: one catalog's daemons read nothing of the other's projects,
