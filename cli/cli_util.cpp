@@ -123,34 +123,6 @@ int64_t ParseRunId(const std::string& text) {
   throw UserError("'" + text + "' is not a run id; `trnflow runs` lists them");
 }
 
-std::string Table(const std::vector<std::string>& header,
-                  const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width(header.size(), 0);
-  std::vector<bool> right(header.size(), false);
-  std::vector<std::string> head = header;
-  for (size_t i = 0; i < head.size(); ++i) {
-    if (!head[i].empty() && head[i][0] == '>') right[i] = true, head[i] = head[i].substr(1);
-    width[i] = head[i].size();
-  }
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size() && i < width.size(); ++i)
-      width[i] = std::max(width[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& cells) {
-    std::string out;
-    for (size_t i = 0; i < width.size(); ++i) {
-      std::string c = i < cells.size() ? cells[i] : "";
-      std::string pad(width[i] - std::min(width[i], c.size()), ' ');
-      out += right[i] ? pad + c : c + (i + 1 < width.size() ? pad : "");
-      if (i + 1 < width.size()) out += "  ";
-    }
-    while (!out.empty() && out.back() == ' ') out.pop_back();
-    return out + "\n";
-  };
-  std::string out = line(head);
-  for (const auto& r : rows) out += line(r);
-  return out;
-}
-
 bool Confirm(const std::string& question, bool yes) {
   if (yes || !isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return true;
   std::cout << question << " [y/N] " << std::flush;
@@ -226,29 +198,6 @@ std::string Number(double v) {
     std::snprintf(buf, sizeof buf, "%.0f", v);
   else
     std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-std::string Hours(double seconds) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", seconds / 3600);
-  return buf;
-}
-
-std::string SpentCell(const schema::StageRow& s) {
-  Money running = Money::FromMicros(std::llround(s.running_cost_usd * 1e6));
-  return (s.cost + running).ToDollars() + (s.state == "running" ? "*" : "");
-}
-
-std::string ProgressCell(const schema::StageRow& s, double speed) {
-  if (s.state != "running" || s.live_progress < 0) return "";
-  char buf[96];
-  int n = std::snprintf(buf, sizeof buf, "%.0f%%", 100 * s.live_progress);
-  if (s.live_eta_s >= 0) {
-    double wall = s.live_eta_s / std::max(speed, 1e-9);
-    std::snprintf(buf + n, sizeof buf - n, ", %.1f sim h left (~%.0fs)", s.live_eta_s / 3600,
-                  std::ceil(wall));
-  }
   return buf;
 }
 

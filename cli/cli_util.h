@@ -1,6 +1,6 @@
 #pragma once
 // Helpers shared by the subcommands: option structs, loading a pipeline with diagnostics,
-// opening the catalog, tables, money and time formatting.
+// opening the catalog, tables (common/text_table.h), money and time formatting.
 #include <atomic>
 #include <iostream>
 #include <map>
@@ -10,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "common/json_text.h"
+#include "common/text_table.h"
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
+#include "schema/run_view.h"
 
 namespace trnflow::cli {
 
@@ -112,17 +115,6 @@ std::string CheckedAdminUrl(const std::string& command);
 // "42" -> 42; throws UserError otherwise.
 int64_t ParseRunId(const std::string& text);
 
-// A plain text table: header row, then rows; columns padded to their widest cell. Columns
-// whose header starts with '>' are right-aligned (the '>' is not printed).
-std::string Table(const std::vector<std::string>& header,
-                  const std::vector<std::vector<std::string>>& rows);
-std::string Hours(double seconds);  // "11.80"
-// What a stage has cost: its closed attempts plus the running one so far, the same figure
-// `runs`, `budget ls` and `spend` add up; "$1.20*" when a running attempt is in it.
-std::string SpentCell(const schema::StageRow& s);
-// A running stage's live progress, "42%, 3.1 sim h left (~2s)"; "" when it has not reported.
-std::string ProgressCell(const schema::StageRow& s, double speed);
-
 // The switches of every command that deletes (docs/cli.md, "Deleting safely").
 struct DeleteArgs {
   bool dry_run = false;  // say what would be removed; remove nothing
@@ -140,15 +132,6 @@ int Declined();
 // A duration flag: 30s, 10m, 12h, 7d, 2w, 1h30m. A bare number is refused (30 what?), as is
 // anything else that is not a positive duration; throws UserError naming the flag.
 double ParseDurationFlag(const std::string& flag, const std::string& text);
-
-// JSON output follows one set of rules (docs/cli.md): ids are strings, absent values are null
-// (never ""), numbers are numbers.
-inline nlohmann::json OrNull(const std::string& s) {
-  return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
-}
-inline nlohmann::json IdOrNull(int64_t id) {
-  return id > 0 ? nlohmann::json(std::to_string(id)) : nlohmann::json(nullptr);
-}
 
 // A date flag: 2026-11-01 as it is, or a time ago with its unit (7d, 12h, 2w) as the UTC date
 // that long before now; "" stays "". Throws UserError naming the flag otherwise.

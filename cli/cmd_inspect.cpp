@@ -21,14 +21,11 @@
 #include "sim/catalog.h"
 
 namespace trnflow::cli {
+
+using schema::StageMatches;
+
 namespace {
-
 double Usd(const Money& m) { return static_cast<double>(m.micros()) / 1e6; }
-
-std::string InstanceCell(const std::string& type, int count) {
-  return type + (count > 1 ? " x" + std::to_string(count) : "");
-}
-
 }  // namespace
 
 int CmdValidate(const std::vector<std::string>& files, const std::string& format) {
@@ -96,19 +93,7 @@ int CmdPlan(const RunArgs& a) {
 
 nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query) {
   RequireProject(catalog, query.project);
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& r : catalog.ListRuns(query))
-    out.push_back({{"run_id", std::to_string(r.id)},
-                   {"project", r.project},
-                   {"pipeline", r.pipeline},
-                   {"state", r.state},
-                   {"cancel_reason", OrNull(r.cancel_reason)},
-                   {"created_at", r.created_at},
-                   {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
-                                                         : nlohmann::json(r.finished_at)},
-                   {"cost_usd", Usd(r.cost)},
-                   {"wasted_usd", Usd(r.wasted)}});
-  return out;
+  return schema::RunListJson(catalog.ListRuns(query));
 }
 
 int CmdRuns(const schema::RunsQuery& query, const std::string& format) {
@@ -118,241 +103,11 @@ int CmdRuns(const schema::RunsQuery& query, const std::string& format) {
     return kExitOk;
   }
   RequireProject(*catalog, query.project);
-  const std::string& project = query.project;
-  auto runs = catalog->ListRuns(query);
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& r : runs)
-    rows.push_back({std::to_string(r.id), r.pipeline, r.project,
-                    r.cancel_reason == "budget_exceeded" ? "over budget" : r.state, r.created_at,
-                    r.cost.ToDollars(), r.budget ? r.budget->ToDollars() : ""});
-  if (rows.empty()) {
-    std::cout << "no runs" << (project.empty() ? "" : " in project " + project) << "\n";
-    return kExitOk;
-  }
-  std::cout << Table({">RUN", "PIPELINE", "PROJECT", "STATE", "CREATED", ">COST", ">BUDGET"}, rows);
+  std::cout << schema::RunListTable(catalog->ListRuns(query), query.project);
   return kExitOk;
 }
 
 namespace {
-
-// A stage named `filter`: by its name, or for a matrix stage by the name in the file
-// ("compile" for every "compile[batch=...]").
-bool StageMatches(const std::string& name, const std::string& filter) {
-  return filter.empty() || name == filter || name.substr(0, name.find('[')) == filter;
-}
-
-// Matrix fan-outs shown as one entry each (`show --collapse`, the dashboard's run page): the
-// expansions `base[...]` of a matrix stage, two or more, when no stage is named `base` itself
-// and `expand` names neither it nor "all". Maps each stage's name to the name it is shown
-// under.
-std::map<std::string, std::string> MatrixNodes(const std::vector<schema::StageRow>& stages,
-                                               const std::set<std::string>& expand) {
-  std::map<std::string, int> members;
-  std::set<std::string> names;
-  auto base = [](const std::string& name) {
-    size_t open = name.find('[');
-    return open != std::string::npos && open > 0 && name.back() == ']' ? name.substr(0, open)
-                                                                        : std::string();
-  };
-  for (const auto& s : stages) {
-    names.insert(s.name);
-    if (std::string b = base(s.name); !b.empty()) ++members[b];
-  }
-  std::map<std::string, std::string> node;
-  for (const auto& s : stages) {
-    std::string b = base(s.name);
-    bool collapse = !b.empty() && members[b] >= 2 && !names.count(b) && !expand.count(b) &&
-                    !expand.count("all");
-    node[s.name] = collapse ? b : s.name;
-  }
-  return node;
-}
-
-// What a matrix stage is, as one: the state that most needs a look first.
-std::string GroupState(const std::map<std::string, int>& counts) {
-  for (const char* s : {"running", "failed", "retry_wait", "ready", "blocked", "cancelled", "skipped"})
-    if (counts.count(s)) return s;
-  return counts.count("cached") && !counts.count("succeeded") ? "cached" : "succeeded";
-}
-
-// One stage's entry of `show --format json`.
-nlohmann::json StageJson(const schema::StageRow& s, nlohmann::json attempts,
-                         std::vector<std::string> needs, std::map<int64_t, std::string>& metrics) {
-  return {{"name", s.name},
-          {"kind", s.kind},
-          {"state", s.state},
-          {"instance_type", OrNull(s.instance_type)},
-          {"instance_count", s.instance_count},
-          {"market", OrNull(s.market)},
-          {"needs", std::move(needs)},
-          {"cost_usd", Usd(s.cost)},
-          {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
-                                                    : nlohmann::json(nullptr)},
-          {"progress",
-           s.live_progress >= 0 ? nlohmann::json(s.live_progress) : nlohmann::json(nullptr)},
-          {"eta_sim_seconds",
-           s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
-          {"last_outcome", OrNull(s.last_outcome)},
-          {"last_message", OrNull(s.last_message)},
-          {"metrics", metrics.count(s.id) ? nlohmann::json::parse(metrics[s.id], nullptr, false)
-                                          : nlohmann::json(nullptr)},
-          {"attempts", std::move(attempts)}};
-}
-
-// `show --format json`: the run, its stages (or one, by name) and their attempts; with
-// `collapse`, each matrix fan-out as one entry but those `collapse` names (MatrixNodes), and
-// the run's totals.
-nlohmann::json RunJson(schema::Catalog& catalog, const schema::RunRow& run,
-                       const std::vector<schema::StageRow>& stages,
-                       const std::vector<schema::AttemptRow>& attempts,
-                       std::map<int64_t, std::string> metrics, const std::string& stage_filter,
-                       const std::optional<std::set<std::string>>& collapse) {
-  auto queued = catalog.AttemptQueuedAt(run.id);
-  std::map<std::string, std::string> node;
-  if (collapse) node = MatrixNodes(stages, *collapse);
-  auto shown_as = [&](const std::string& name) {
-    auto it = node.find(name);
-    return it == node.end() ? name : it->second;
-  };
-  std::map<int64_t, const schema::StageRow*> by_id;
-  for (const auto& s : stages) by_id[s.id] = &s;
-  // A collapsed matrix stage: its expansions' states, attempts and dollars, summed.
-  struct Group {
-    const schema::StageRow* first = nullptr;
-    int count = 0;
-    std::map<std::string, int> states, outcomes;
-    std::set<std::string> needs;
-    Money cost, wasted;
-    double running_cost = 0, sim_seconds = 0;
-    int attempts = 0;
-    std::string first_queued, first_started, last_finished;
-    bool open = false;
-  };
-  std::map<std::string, Group> groups;
-  Money total_cost, total_wasted;
-  int total_attempts = 0, interruptions = 0;
-  std::map<int64_t, nlohmann::json> stage_attempts;
-  for (const auto& a : attempts) {
-    const schema::StageRow& s = *by_id.at(a.stage_id);
-    if (!StageMatches(s.name, stage_filter)) continue;
-    total_wasted += a.wasted;
-    ++total_attempts;
-    interruptions += a.outcome == "spot_interruption";
-    std::string q = queued[{a.stage_id, a.attempt}];
-    if (std::string n = shown_as(s.name); n != s.name) {
-      Group& g = groups[n];
-      ++g.attempts;
-      ++g.outcomes[a.outcome.empty() ? "running" : a.outcome];
-      g.wasted += a.wasted;
-      g.sim_seconds += a.sim_seconds;
-      if (!q.empty() && (g.first_queued.empty() || q < g.first_queued)) g.first_queued = q;
-      if (g.first_started.empty() || a.started_at < g.first_started) g.first_started = a.started_at;
-      g.open = g.open || a.finished_at.empty();
-      if (a.finished_at > g.last_finished) g.last_finished = a.finished_at;
-      continue;
-    }
-    auto& ja = stage_attempts[a.stage_id];
-    if (ja.is_null()) ja = nlohmann::json::array();
-    ja.push_back({{"attempt", a.attempt},
-                  {"outcome", OrNull(a.outcome)},
-                  {"worker", OrNull(a.worker)},
-                  {"instance_type", OrNull(a.instance_type)},
-                  {"instance_count", a.instance_count},
-                  {"market", OrNull(a.market)},
-                  {"price_usd_hour", Usd(a.price_per_hour)},
-                  {"queued_at", OrNull(q)},
-                  {"started_at", OrNull(a.started_at)},
-                  {"finished_at", OrNull(a.finished_at)},
-                  {"sim_hours", a.sim_seconds / 3600},
-                  {"billed_seconds", a.billed_seconds},
-                  {"cost_usd", Usd(a.cost)},
-                  {"wasted_usd", Usd(a.wasted)},
-                  {"saved_usd", Usd(a.saved)},
-                  {"progress_from", a.progress_from},
-                  {"progress_to", a.progress_to},
-                  {"message", OrNull(a.message)}});
-  }
-  nlohmann::json js = nlohmann::json::array();
-  std::map<std::string, size_t> group_at;  // a group's place in `js`, kept where its first is
-  for (const auto& s : stages) {
-    if (!StageMatches(s.name, stage_filter)) continue;
-    total_cost += s.cost;
-    std::string n = shown_as(s.name);
-    std::vector<std::string> needs;
-    std::set<std::string> seen;
-    for (const auto& x : s.needs)
-      if (std::string m = shown_as(x); m != n && (!collapse || seen.insert(m).second))
-        needs.push_back(m);
-    if (n == s.name) {
-      auto it = stage_attempts.find(s.id);
-      js.push_back(StageJson(s, it == stage_attempts.end() ? nlohmann::json::array()
-                                                           : std::move(it->second),
-                             std::move(needs), metrics));
-      continue;
-    }
-    Group& g = groups[n];
-    if (!g.first) g.first = &s, group_at[n] = js.size(), js.push_back(nullptr);
-    ++g.count;
-    ++g.states[s.state];
-    g.needs.insert(needs.begin(), needs.end());
-    g.cost += s.cost;
-    if (s.state == "running") g.running_cost += s.running_cost_usd;
-  }
-  for (auto& [n, g] : groups) {
-    if (!g.first) continue;
-    bool running = g.states.count("running") > 0;
-    js[group_at[n]] = {
-        {"name", n},
-        {"kind", g.first->kind},
-        {"state", GroupState(g.states)},
-        {"instance_type", OrNull(g.first->instance_type)},
-        {"instance_count", g.first->instance_count},
-        {"market", OrNull(g.first->market)},
-        {"needs", std::vector<std::string>(g.needs.begin(), g.needs.end())},
-        {"cost_usd", Usd(g.cost)},
-        {"running_cost_usd", running ? nlohmann::json(g.running_cost) : nlohmann::json(nullptr)},
-        {"progress", nullptr},
-        {"eta_sim_seconds", nullptr},
-        {"last_outcome", nullptr},
-        {"last_message", nullptr},
-        {"metrics", nullptr},
-        {"attempts", nlohmann::json::array()},
-        {"matrix",
-         {{"count", g.count},
-          {"states", g.states},
-          {"attempts", g.attempts},
-          {"outcomes", g.outcomes},
-          {"sim_hours", g.sim_seconds / 3600},
-          {"wasted_usd", Usd(g.wasted)},
-          {"first_queued_at", OrNull(g.first_queued)},
-          {"first_started_at", OrNull(g.first_started)},
-          {"last_finished_at", g.open ? nlohmann::json(nullptr) : OrNull(g.last_finished)}}}};
-  }
-  nlohmann::json out = {
-      {"run",
-       {{"run_id", std::to_string(run.id)},
-        {"project", run.project},
-        {"pipeline", run.pipeline},
-        {"state", run.state},
-        {"cancel_reason", OrNull(run.cancel_reason)},
-        {"budget_usd", run.budget ? nlohmann::json(Usd(*run.budget)) : nlohmann::json(nullptr)},
-        {"speed", run.speed},
-        {"seed", run.seed},
-        {"created_at", run.created_at},
-        {"finished_at", OrNull(run.finished_at)},
-        {"cost_usd", Usd(run.cost)},
-        // Set when the process running it (`trnflow run`) is gone: what happened, what to do.
-        {"holder_gone", run.state == "running" ? OrNull(HolderGone(catalog, run.id).value_or(""))
-                                               : nlohmann::json(nullptr)}}},
-      {"stages", std::move(js)}};
-  if (collapse)
-    out["totals"] = {{"stages", stages.size()},
-                     {"cost_usd", Usd(total_cost)},
-                     {"wasted_usd", Usd(total_wasted)},
-                     {"attempts", total_attempts},
-                     {"spot_interruptions", interruptions}};
-  return out;
-}
 
 // The stage names of a run, for "did you mean" (expanded names and matrix base names).
 std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages) {
@@ -366,23 +121,27 @@ std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages)
   return names;
 }
 
+// The run's view (schema/run_view.h) with what the JSON adds from outside its rows: whether
+// the process holding a running run is gone.
+std::optional<schema::RunView> ReadForJson(schema::Catalog& catalog, int64_t run_id) {
+  auto view = catalog.ReadRunView(run_id);
+  if (view && view->run.state == "running") view->holder_gone = HolderGone(catalog, run_id);
+  return view;
+}
+
 }  // namespace
 
 std::optional<nlohmann::json> ShowJson(schema::Catalog& catalog, int64_t run_id,
                                        const std::optional<std::set<std::string>>& collapse) {
-  auto run = catalog.GetRun(run_id);
-  if (!run) return std::nullopt;
-  return RunJson(catalog, *run, catalog.GetStages(run_id), catalog.GetAttempts(run_id),
-                 catalog.LatestStageMetrics(run_id), "", collapse);
+  auto view = ReadForJson(catalog, run_id);
+  if (!view) return std::nullopt;
+  return schema::RunJson(*view, "", collapse);
 }
 
 void PrintRunJson(schema::Catalog& catalog, int64_t run_id) {
-  auto run = catalog.GetRun(run_id);
-  if (!run) throw UserError("no run " + std::to_string(run_id) + "; `trnflow runs` lists them");
-  std::cout << RunJson(catalog, *run, catalog.GetStages(run_id), catalog.GetAttempts(run_id),
-                      catalog.LatestStageMetrics(run_id), "", std::nullopt)
-                  .dump(2)
-            << "\n";
+  auto view = ReadForJson(catalog, run_id);
+  if (!view) throw UserError("no run " + std::to_string(run_id) + "; `trnflow runs` lists them");
+  std::cout << schema::RunJson(*view).dump(2) << "\n";
 }
 
 int CmdShow(const std::string& run_text, const std::string& stage_filter,
@@ -392,11 +151,11 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                     "shows one stage's attempts (a matrix stage: of every expansion)");
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
-  auto run = catalog->GetRun(run_id);
-  if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
-  auto stages = catalog->GetStages(run_id);
-  auto attempts = catalog->GetAttempts(run_id);
-  auto metrics = catalog->LatestStageMetrics(run_id);
+  bool json = format == "json";
+  // The stage table prints no attempt: only JSON and one stage's table read them.
+  auto view = catalog->ReadRunView(run_id, json || !stage_filter.empty());
+  if (!view) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  const auto& stages = view->stages;
   if (!stage_filter.empty()) {
     bool found = false;
     for (const auto& s : stages) found = found || StageMatches(s.name, stage_filter);
@@ -405,115 +164,18 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                       NameHint(stage_filter, StageNames(stages),
                                "; `trnflow show " + run_text + "` lists them"));
   }
-  if (format == "json") {
+  if (json) {
+    if (view->run.state == "running") view->holder_gone = HolderGone(*catalog, run_id);
     std::optional<std::set<std::string>> groups;
     if (collapse) groups.emplace();
-    std::cout << RunJson(*catalog, *run, stages, attempts, std::move(metrics), stage_filter, groups)
-                     .dump(2)
-              << "\n";
+    std::cout << schema::RunJson(*view, stage_filter, groups).dump(2) << "\n";
     return kExitOk;
   }
-  std::string state = run->state;
-  if (run->cancel_reason == "budget_exceeded") state = "over budget";  // as `runs` says
-  double running = 0;
-  for (const auto& s : stages) running += s.running_cost_usd;
-  std::cout << "run " << run->id << "  " << run->pipeline << "  project " << run->project << "  "
-            << state << "  created " << run->created_at
-            << (run->finished_at.empty() ? "" : "  finished " + run->finished_at) << "  spent "
-            << run->cost.ToDollars()
-            << (running > 0 ? " (running attempts included, marked *)" : "")
-            << (run->budget ? "  budget " + run->budget->ToDollars() : std::string()) << "\n";
-  for (const auto& w : UnrunnableStages(*catalog, run_id, stages)) std::cout << "! " << w << "\n";
-  std::cout << "\n";
-  auto metrics_cell = [&](int64_t stage_id) -> std::string {
-    auto it = metrics.find(stage_id);
-    if (it == metrics.end()) return "";
-    auto j = nlohmann::json::parse(it->second, nullptr, false);
-    if (j.is_discarded() || !j.contains("neuroncore_utilization")) return "";
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "NC util %.0f%%, HBM %.1f/%.0f GiB",
-                  100 * j["neuroncore_utilization"].get<double>(), j["hbm_used_gib"].get<double>(),
-                  j["hbm_total_gib"].get<double>());
-    return buf;
-  };
-  if (stage_filter.empty()) {
-    std::vector<std::vector<std::string>> rows;
-    auto node = collapse ? MatrixNodes(stages, {}) : std::map<std::string, std::string>();
-    // A collapsed matrix stage: one line, where its first expansion is, summed over them all.
-    struct Group {
-      size_t row = 0;
-      int count = 0, attempts = 0;
-      std::map<std::string, int> states;
-      double seconds = 0;
-      Money spent;
-      bool running = false;
-    };
-    std::map<std::string, Group> groups;
-    for (const auto& s : stages) {
-      double seconds = static_cast<double>(s.billed_seconds) + std::max(0.0, s.live_sim_seconds);
-      auto n = node.find(s.name);
-      if (n == node.end() || n->second == s.name) {
-        rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
-                        InstanceCell(s.instance_type, s.instance_count), s.market, Hours(seconds),
-                        SpentCell(s), ProgressCell(s, run->speed), metrics_cell(s.id)});
-        continue;
-      }
-      auto [g, fresh] = groups.try_emplace(n->second);
-      if (fresh) {
-        g->second.row = rows.size();
-        rows.push_back({"", s.kind, "", "", InstanceCell(s.instance_type, s.instance_count),
-                        s.market, "", "", "", ""});
-      }
-      Group& x = g->second;
-      ++x.count;
-      x.attempts += s.attempts;
-      ++x.states[s.state];
-      x.seconds += seconds;
-      x.spent += s.cost + Money::FromMicros(std::llround(s.running_cost_usd * 1e6));
-      x.running = x.running || s.state == "running";
-    }
-    for (const auto& [name, g] : groups) {
-      std::string states;
-      for (const auto& [st, k] : g.states)
-        states += (states.empty() ? "" : ", ") + std::to_string(k) + " " + st;
-      auto& row = rows[g.row];
-      row[0] = name + " x" + std::to_string(g.count);
-      row[2] = states;
-      row[3] = std::to_string(g.attempts);
-      row[6] = Hours(g.seconds);
-      row[7] = g.spent.ToDollars() + (g.running ? "*" : "");
-    }
-    std::cout << Table({"STAGE", "KIND", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS",
-                        ">SPENT", "PROGRESS", "LATEST METRICS"},
-                       rows);
-    return kExitOk;
-  }
-  bool first = true;
-  for (const auto& s : stages) {
-    if (!StageMatches(s.name, stage_filter)) continue;
-    std::vector<std::vector<std::string>> rows;
-    std::cout << (first ? "" : "\n") << "stage " << s.name << " (" << s.kind << ")  " << s.state
-              << "\n";
-    first = false;
-    for (const auto& line : ExplainStageLines(*catalog, run_id, s.name))
-      std::cout << "  - " << line << "\n";
-    std::cout << "\n";
-    for (const auto& a : attempts) {
-      if (a.stage_id != s.id) continue;
-      bool open = a.outcome.empty();
-      rows.push_back({std::to_string(a.attempt), open ? "running" : a.outcome, a.worker,
-                      InstanceCell(a.instance_type, a.instance_count), a.market, a.started_at,
-                      Hours(open ? std::max(0.0, s.live_sim_seconds) : a.sim_seconds),
-                      open ? Money::FromMicros(std::llround(s.running_cost_usd * 1e6)).ToDollars() +
-                                 "*"
-                           : a.cost.ToDollars(),
-                      a.wasted.ToDollars(),
-                      open ? ProgressCell(s, run->speed) : a.message});
-    }
-    std::cout << Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED",
-                        ">SIM HOURS", ">COST", ">WASTED", "WHY"},
-                       rows);
-  }
+  view->warnings = UnrunnableStages(*catalog, run_id, stages);
+  for (const auto& s : stages)
+    if (!stage_filter.empty() && StageMatches(s.name, stage_filter))
+      view->waits[s.id] = ExplainStageLines(*catalog, run_id, s.name);
+  std::cout << schema::RunTable(*view, stage_filter, collapse);
   return kExitOk;
 }
 

@@ -224,21 +224,7 @@ schema::SubmitOptions SubmitOptionsFor(const RunArgs& a) {
 
 void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
   auto run = catalog.GetRun(run_id);
-  auto stages = catalog.GetStages(run_id);
-  std::vector<std::vector<std::string>> rows;
-  Money total;
-  int64_t billed = 0;
-  for (const auto& s : stages) {
-    rows.push_back({s.name, s.state, std::to_string(s.attempts),
-                    s.instance_type + " x" + std::to_string(s.instance_count), s.market,
-                    Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars()});
-    total += s.cost;
-    billed += s.billed_seconds;
-  }
-  rows.push_back({"total", "", "", "", "", "", total.ToDollars()});
-  std::cout << "\n"
-            << Table({"STAGE", "STATE", ">ATTEMPTS", "INSTANCE", "MARKET", ">SIM HOURS", ">COST"},
-                     rows);
+  std::cout << "\n" << schema::RunSummaryTable(catalog.GetStages(run_id));
   if (run)
     std::cout << "\nrun " << run->id << " " << run->state << " (pipeline " << run->pipeline
               << ", project " << run->project << ") in "

@@ -28,6 +28,8 @@ class Catalog;
 
 namespace trnflow::schema {
 
+struct RunView;  // schema/run_view.h
+
 struct SubmitOptions {
   std::string project;  // overrides the pipeline's project when set
   double speed = 3600;  // simulated seconds per wall second
@@ -279,6 +281,7 @@ struct AttemptRow {
   double progress_to = 0;
   std::string message;
   std::string worker_home;  // the TRNFLOW_HOME of the worker that ran it ("" if unknown)
+  std::string queued_at;    // when it became ready to run (UTC, ms; "" unknown): its queue wait
 };
 
 struct ExpiredLease {
@@ -514,6 +517,11 @@ class Catalog {
   std::vector<RunRow> ListRuns(const RunsQuery& query);
   std::vector<StageRow> GetStages(int64_t run_id);
   std::vector<AttemptRow> GetAttempts(int64_t run_id);
+  // Everything `show` and /api/runs/ID print of a run (run_view.h), in one read-only
+  // transaction (one snapshot), each statement by index on the run: four whatever its size
+  // and the catalog's history (three without the attempts, which `show`'s stage table does
+  // not print). nullopt: no such run, or one this login may not see.
+  std::optional<RunView> ReadRunView(int64_t run_id, bool with_attempts = true);
   // trnflow.event_log, the newest `limit` (oldest first): '' / 0 filters match anything; since
   // is a timestamp PostgreSQL reads ('-infinity' for all).
   std::vector<EventLogRow> EventLog(const std::string& project, int64_t run_id,
@@ -698,8 +706,6 @@ class Catalog {
   std::vector<BudgetForecastRow> BudgetForecasts();
   // Savings by project (spot, cache, GPU baseline) over SpendQuery's project, pipeline and days.
   std::vector<SavingsRow> Savings(const SpendQuery& q);
-  // When each attempt of a run became ready: (stage id, attempt) -> UTC time, "" unknown.
-  std::map<std::pair<int64_t, int>, std::string> AttemptQueuedAt(int64_t run_id);
   // The oldest transaction id still running (pg_current_snapshot()'s xmin): every older one has
   // ended.
   int64_t OldestRunningTransaction();

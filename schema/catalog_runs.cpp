@@ -5,6 +5,7 @@
 
 #include "schema/catalog.h"
 #include "schema/catalog_impl.h"
+#include "schema/run_view.h"
 
 namespace trnflow::schema {
 
@@ -26,6 +27,65 @@ RunRow ReadRun(const pqxx::row& row) {
   r.cancel_reason = row[12].as<std::string>();
   r.wasted = MoneyOf(row[13]);
   return r;
+}
+
+std::vector<StageRow> ReadStages(const pqxx::result& result) {
+  std::vector<StageRow> out;
+  out.reserve(result.size());
+  for (const auto& row : result) {
+    StageRow s;
+    s.id = row[0].as<int64_t>();
+    s.name = row[1].as<std::string>();
+    s.kind = row[2].as<std::string>();
+    s.state = row[3].as<std::string>();
+    s.instance_type = row[4].as<std::string>();
+    s.instance_count = row[5].as<int>();
+    s.market = row[6].as<std::string>();
+    s.attempts = row[7].as<int>();
+    s.progress = row[8].as<double>();
+    s.cost = MoneyOf(row[9]);
+    s.billed_seconds = row[10].as<int64_t>();
+    s.running_cost_usd = row[11].as<double>();
+    s.needs = SplitComma(row[12].as<std::string>());
+    s.live_progress = row[13].as<double>();
+    s.live_sim_seconds = row[14].as<double>();
+    s.live_eta_s = row[15].as<double>();
+    s.heartbeat_age_s = row[16].as<double>();
+    s.last_outcome = row[17].as<std::string>();
+    s.last_message = row[18].as<std::string>();
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<AttemptRow> ReadAttempts(const pqxx::result& result) {
+  std::vector<AttemptRow> out;
+  out.reserve(result.size());
+  for (const auto& row : result) {
+    AttemptRow a;
+    a.stage_id = row[0].as<int64_t>();
+    a.attempt = row[1].as<int>();
+    a.outcome = row[2].as<std::string>();
+    a.worker = row[3].as<std::string>();
+    a.instance_type = row[4].as<std::string>();
+    a.instance_count = row[5].as<int>();
+    a.market = row[6].as<std::string>();
+    a.price_per_hour = MoneyOf(row[7]);
+    a.started_at = row[8].as<std::string>();
+    a.finished_at = row[9].as<std::string>();
+    a.sim_seconds = row[10].as<double>();
+    a.billed_seconds = row[11].as<int64_t>();
+    a.cost = MoneyOf(row[12]);
+    a.wasted = MoneyOf(row[13]);
+    a.saved = MoneyOf(row[14]);
+    a.progress_from = row[15].as<double>();
+    a.progress_to = row[16].as<double>();
+    a.message = row[17].as<std::string>();
+    a.worker_home = row[18].as<std::string>();
+    a.queued_at = row[19].as<std::string>();
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 }  // namespace
 
@@ -62,62 +122,31 @@ std::vector<RunRow> Catalog::ListRuns(const RunsQuery& q) {
 std::vector<StageRow> Catalog::GetStages(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::vector<StageRow> out;
-    for (const auto& row : impl_->Exec(tx, "GetStages", run_id)) {
-      StageRow s;
-      s.id = row[0].as<int64_t>();
-      s.name = row[1].as<std::string>();
-      s.kind = row[2].as<std::string>();
-      s.state = row[3].as<std::string>();
-      s.instance_type = row[4].as<std::string>();
-      s.instance_count = row[5].as<int>();
-      s.market = row[6].as<std::string>();
-      s.attempts = row[7].as<int>();
-      s.progress = row[8].as<double>();
-      s.cost = MoneyOf(row[9]);
-      s.billed_seconds = row[10].as<int64_t>();
-      s.running_cost_usd = row[11].as<double>();
-      s.needs = SplitComma(row[12].as<std::string>());
-      s.live_progress = row[13].as<double>();
-      s.live_sim_seconds = row[14].as<double>();
-      s.live_eta_s = row[15].as<double>();
-      s.heartbeat_age_s = row[16].as<double>();
-      s.last_outcome = row[17].as<std::string>();
-      s.last_message = row[18].as<std::string>();
-      out.push_back(std::move(s));
-    }
-    return out;
+    return ReadStages(impl_->Exec(tx, "GetStages", run_id));
   });
 }
 
 std::vector<AttemptRow> Catalog::GetAttempts(int64_t run_id) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    std::vector<AttemptRow> out;
-    for (const auto& row : impl_->Exec(tx, "GetAttempts", run_id)) {
-      AttemptRow a;
-      a.stage_id = row[0].as<int64_t>();
-      a.attempt = row[1].as<int>();
-      a.outcome = row[2].as<std::string>();
-      a.worker = row[3].as<std::string>();
-      a.instance_type = row[4].as<std::string>();
-      a.instance_count = row[5].as<int>();
-      a.market = row[6].as<std::string>();
-      a.price_per_hour = MoneyOf(row[7]);
-      a.started_at = row[8].as<std::string>();
-      a.finished_at = row[9].as<std::string>();
-      a.sim_seconds = row[10].as<double>();
-      a.billed_seconds = row[11].as<int64_t>();
-      a.cost = MoneyOf(row[12]);
-      a.wasted = MoneyOf(row[13]);
-      a.saved = MoneyOf(row[14]);
-      a.progress_from = row[15].as<double>();
-      a.progress_to = row[16].as<double>();
-      a.message = row[17].as<std::string>();
-      a.worker_home = row[18].as<std::string>();
-      out.push_back(std::move(a));
-    }
-    return out;
+    return ReadAttempts(impl_->Exec(tx, "GetAttempts", run_id));
+  });
+}
+
+std::optional<RunView> Catalog::ReadRunView(int64_t run_id, bool with_attempts) {
+  return impl_->Guard([&]() -> std::optional<RunView> {
+    // One snapshot: the run's figures, its stages and their attempts agree with each other.
+    pqxx::transaction<pqxx::repeatable_read, pqxx::read_only> tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id,
+                                 std::string(), std::string());
+    if (r.empty()) return std::nullopt;
+    RunView v;
+    v.run = ReadRun(r[0]);
+    v.stages = ReadStages(impl_->Exec(tx, "GetStages", run_id));
+    if (with_attempts) v.attempts = ReadAttempts(impl_->Exec(tx, "GetAttempts", run_id));
+    for (const auto& row : impl_->Exec(tx, "LatestStageMetrics", run_id))
+      v.metrics[row[0].as<int64_t>()] = row[1].as<std::string>();
+    return v;
   });
 }
 

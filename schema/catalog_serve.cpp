@@ -151,14 +151,4 @@ int64_t Catalog::NewTransactionId() {
   });
 }
 
-std::map<std::pair<int64_t, int>, std::string> Catalog::AttemptQueuedAt(int64_t run_id) {
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    std::map<std::pair<int64_t, int>, std::string> out;
-    for (const auto& row : impl_->Exec(tx, "AttemptQueuedAt", run_id))
-      out[{row[0].as<int64_t>(), row[1].as<int>()}] = row[2].as<std::string>();
-    return out;
-  });
-}
-
 }  // namespace trnflow::schema

@@ -32,8 +32,11 @@ LIMIT $3;
 
 -- name: GetStages
 -- Cost so far includes running attempts, charged for the simulated time they have run. The
--- attempts' sums and the needs are read once for the whole run and joined (a run of 10,000
--- stages in ~60 ms; per-stage subqueries took ~400 ms).
+-- attempts' sums are read once for the whole run (by attempts_run) and joined (a run of
+-- 10,000 stages in ~60 ms; per-stage subqueries took ~400 ms). Each stage's needs are read
+-- through stage_deps' key from that stage (a lateral join): a join of the run's stages to
+-- stage_deps as a whole let the planner hash or merge all of stage_deps, every run's, which
+-- grows with the catalog's history.
 WITH a AS (
   SELECT a.stage_id,
          sum(a.cost_usd) AS cost, sum(a.billed_seconds) AS billed,
@@ -47,12 +50,6 @@ WITH a AS (
          a.cost_so_far_usd AS running
   FROM trnflow.open_attempts a JOIN trnflow.runs r ON r.id = a.run_id
   WHERE a.run_id = $1
-), needs AS (
-  SELECT d.stage_id, string_agg(n.name, ',' ORDER BY n.id) AS names
-  FROM trnflow.stages s JOIN trnflow.stage_deps d ON d.stage_id = s.id
-  JOIN trnflow.stages n ON n.id = d.needs_id
-  WHERE s.run_id = $1 AND n.run_id = $1
-  GROUP BY d.stage_id
 )
 SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.market, s.attempts,
        s.progress, coalesce(a.cost, 0)::text, coalesce(a.billed, 0),
@@ -67,11 +64,16 @@ SELECT s.id, s.name, s.kind, s.state, s.instance_type, s.instance_count, s.marke
 FROM trnflow.stages s
 LEFT JOIN a ON a.stage_id = s.id
 LEFT JOIN open ON open.stage_id = s.id
-LEFT JOIN needs ON needs.stage_id = s.id
+LEFT JOIN LATERAL (SELECT string_agg(n.name, ',' ORDER BY n.id) AS names
+                   FROM trnflow.stage_deps d JOIN trnflow.stages n ON n.id = d.needs_id
+                   WHERE d.stage_id = s.id AND n.run_id = $1) needs ON true
 WHERE s.run_id = $1
 ORDER BY s.id;
 
 -- name: GetAttempts
+-- A run's attempts, closed (the ledger) and open, by stage and number; with the home of the
+-- worker that ran each (`logs`) and when each became ready to run (0015; '' when unknown: its
+-- queue wait on the run page's timeline).
 SELECT a.stage_id, a.attempt, coalesce(a.outcome, ''), a.worker_name, a.instance_type,
        a.instance_count, a.market, a.price_usd_hour::text,
        to_char(a.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
@@ -79,17 +81,18 @@ SELECT a.stage_id, a.attempt, coalesce(a.outcome, ''), a.worker_name, a.instance
        coalesce(a.sim_seconds, 0), coalesce(a.billed_seconds, 0),
        coalesce(a.cost_usd, 0)::text, coalesce(a.wasted_usd, 0)::text,
        coalesce(a.saved_usd, 0)::text, a.progress_from, coalesce(a.progress_to, 0),
-       coalesce(a.message, ''),
-       coalesce((SELECT w.home FROM trnflow.workers w WHERE w.id = a.worker_id), '')
+       coalesce(a.message, ''), coalesce(w.home, ''),
+       coalesce(to_char(a.queued_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
 FROM (SELECT stage_id, attempt, outcome, worker_name, instance_type, instance_count, market,
              price_usd_hour, started_at, finished_at, sim_seconds, billed_seconds, cost_usd,
-             wasted_usd, saved_usd, progress_from, progress_to, message, worker_id
+             wasted_usd, saved_usd, progress_from, progress_to, message, worker_id, queued_at
       FROM trnflow.attempts WHERE run_id = $1
       UNION ALL
       SELECT stage_id, attempt, NULL, worker_name, instance_type, instance_count, market,
              price_usd_hour, started_at, NULL, NULL, NULL, NULL, NULL, NULL, progress_from, NULL,
-             NULL, worker_id
+             NULL, worker_id, queued_at
       FROM trnflow.open_attempts WHERE run_id = $1) a
+LEFT JOIN trnflow.workers w ON w.id = a.worker_id
 ORDER BY a.stage_id, a.attempt;
 
 -- name: InsertEvent

@@ -287,15 +287,6 @@ LEFT JOIN (SELECT r.project, count(*) AS hits
            GROUP BY r.project) h ON h.project = x.project
 ORDER BY x.project;
 
--- name: AttemptQueuedAt
--- When each attempt of run $1 became ready to run (0015; '' when unknown): its queue wait on
--- the run page's timeline.
-SELECT a.stage_id, a.attempt,
-       coalesce(to_char(a.queued_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
-FROM (SELECT stage_id, attempt, queued_at FROM trnflow.attempts WHERE run_id = $1
-      UNION ALL
-      SELECT stage_id, attempt, queued_at FROM trnflow.open_attempts WHERE run_id = $1) a;
-
 -- name: OldestRunningTransaction
 -- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest
 -- transaction still running.
