@@ -26,6 +26,11 @@ MarketDraw DrawMarket(const InstanceType& type, Market market, int instances,
   return d;
 }
 
+std::string ShortageMessage(const InstanceType& type, Market market, int instances) {
+  return "InsufficientInstanceCapacity: no " + type.name + " " + std::string(ToString(market)) +
+         " capacity for " + std::to_string(instances) + " instance(s)";
+}
+
 MarketDraw DrawMarket(const InstanceType& type, Market market, int instances,
                       double rate_multiplier, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "common/stage_spec.h"
 #include "sim/catalog.h"
@@ -30,5 +31,9 @@ MarketDraw DrawMarket(const InstanceType& type, Market market, int instances,
 // The same from a fresh engine seeded with `seed` (the attempt's seed).
 MarketDraw DrawMarket(const InstanceType& type, Market market, int instances,
                       double rate_multiplier, uint64_t seed);
+
+// What an attempt that met a shortage says: "InsufficientInstanceCapacity: no TYPE MARKET
+// capacity for N instance(s)".
+std::string ShortageMessage(const InstanceType& type, Market market, int instances);
 
 }  // namespace trnflow::sim

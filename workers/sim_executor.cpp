@@ -47,9 +47,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   if (market.short_of_capacity) {
     r.outcome = Outcome::kCapacityUnavailable;
     r.progress_to = ctx.progress;
-    r.message = "InsufficientInstanceCapacity: no " + type->name + " " +
-                std::string(ToString(ctx.market)) + " capacity for " +
-                std::to_string(ctx.instance_count) + " instance(s)";
+    r.message = sim::ShortageMessage(*type, ctx.market, ctx.instance_count);
     return r;
   }
 
