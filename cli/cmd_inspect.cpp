@@ -15,6 +15,7 @@
 #include "scheduler/admission.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/file_names.h"
 #include "pipelines/diagnostics.h"
 #include "pipelines/plan.h"
 #include "serve/client.h"
@@ -264,7 +265,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
   if (!catalog->GetRun(run_id))
     throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   namespace fs = std::filesystem;
-  fs::path dir = fs::path(HomeDir()) / "logs" / ("run-" + std::to_string(run_id));
+  fs::path dir = RunLogDir(HomeDir(), run_id);
   auto stages = catalog->GetStages(run_id);
   if (!stage.empty() && std::none_of(stages.begin(), stages.end(),
                                      [&](const auto& s) { return StageMatches(s.name, stage); }))
@@ -296,25 +297,22 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
     for (const auto& s : stages) {
       if (!StageMatches(s.name, stage)) continue;
       if (s.kind != "run") continue;
-      // The worker names a log after the stage with '/' and ' ' made '_' (matrix values).
-      std::string file_name = s.name;
-      for (char& c : file_name)
-        if (c == '/' || c == ' ') c = '_';
       for (const auto& a : attempts) {
         if (a.stage_id != s.id) continue;
         // Where its worker wrote it (found here when TRNFLOW_HOME is shared or this is that
         // host), else this host's own TRNFLOW_HOME.
-        fs::path name = fs::path("logs") / ("run-" + std::to_string(run_id)) /
-                        (file_name + ".attempt-" + std::to_string(a.attempt) + ".log");
-        fs::path p = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
+        auto log_in = [&](const std::string& home) -> fs::path {
+          return AttemptLogPath(home, run_id, s.name, a.attempt);
+        };
+        fs::path p = log_in(a.worker_home.empty() ? HomeDir() : a.worker_home);
         std::ifstream in(p, std::ios::binary);
-        if (!in && !a.worker_home.empty()) in.open(p = fs::path(HomeDir()) / name, std::ios::binary);
+        if (!in && !a.worker_home.empty()) in.open(p = log_in(HomeDir()), std::ios::binary);
         if (!in) {
           std::string worker_host = a.worker.substr(0, a.worker.find(':'));
           // On this host, but not this user's to read: TRNFLOW_HOME is root's (workers run
           // jobs as per-project uids, docs/security.md). Say that, not "another host".
           std::error_code ec;
-          fs::path here = fs::path(a.worker_home.empty() ? HomeDir() : a.worker_home) / name;
+          fs::path here = log_in(a.worker_home.empty() ? HomeDir() : a.worker_home);
           (void)fs::symlink_status(here, ec);
           // A member reads it through the dashboard, which serves them their projects' logs.
           if (a.outcome != "cached" && ec == std::errc::permission_denied &&
@@ -360,7 +358,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
           }
           if (a.outcome != "cached" && !a.worker_home.empty() &&
               elsewhere.insert(p.string()).second) {
-            std::string there = (fs::path(a.worker_home) / name).string();
+            std::string there = log_in(a.worker_home).string();
             if (json)
               out.push_back({{"stage", s.name},
                              {"attempt", a.attempt},

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/file_names.h"
 #include "scheduler/cron.h"
 #include "serve/server.h"
 
@@ -79,12 +80,10 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
     if (a.stage_id == stage->id && (attempt_no == 0 ? true : a.attempt == attempt_no))
       attempt = a;  // attempt 0 (none given): the latest
   if (!attempt) return std::nullopt;
-  // The worker names a log after the stage with '/' and ' ' made '_' (as `trnflow logs`).
-  std::string file_name = stage->name;
-  for (char& c : file_name)
-    if (c == '/' || c == ' ') c = '_';
-  fs::path dir_name = fs::path("logs") / ("run-" + std::to_string(run_id));
-  fs::path name = dir_name / (file_name + ".attempt-" + std::to_string(attempt->attempt) + ".log");
+  // Named as the worker named it (common/file_names.h).
+  auto log_in = [&](const fs::path& home) -> fs::path {
+    return AttemptLogPath(home.string(), run_id, stage->name, attempt->attempt);
+  };
   std::vector<fs::path> homes;
   if (!attempt->worker_home.empty()) homes.push_back(attempt->worker_home);
   homes.push_back(HomeDir());
@@ -100,8 +99,8 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
                         {"complete", false}};
   for (const auto& home : homes) {
     // Whatever the names hold, the file must be inside this run's log directory.
-    fs::path dir = (home / dir_name).lexically_normal();
-    fs::path p = (home / name).lexically_normal();
+    fs::path dir = fs::path(RunLogDir(home.string(), run_id)).lexically_normal();
+    fs::path p = log_in(home).lexically_normal();
     if (p.parent_path() != dir) throw UserError("stage " + stage->name + ": not a log file name");
     std::error_code ec;
     auto size = fs::file_size(p, ec);
@@ -125,7 +124,7 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
   }
   // Not on this host: its worker's TRNFLOW_HOME is elsewhere (docs/operations.md).
   out["complete"] = !attempt->outcome.empty();
-  out["path"] = (homes.front() / name).string();
+  out["path"] = log_in(homes.front()).string();
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "common/duration.h"
 #include "common/error.h"
+#include "sim/baseline.h"
 
 namespace trnflow::cli {
 namespace {
@@ -117,8 +118,8 @@ int PrintSavings(schema::Catalog& catalog, const SpendArgs& a) {
                       ">CACHE SAVED", ">COST", ">ON GPU (P4D)", ">NEURON SAVED"},
                      table);
   std::cout << "spot: on-demand price for the same billed time, less what spot cost; cache: what "
-               "the stages it served would have cost; Neuron: the same work on p4d.24xlarge, "
-               "less its cost (docs/spend.md)\n";
+               "the stages it served would have cost; Neuron: the same work on "
+            << sim::kGpuBaseline << ", less its cost (docs/spend.md)\n";
   return kExitOk;
 }
 

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "pipelines/diagnostics.h"
+#include "sim/baseline.h"
 
 using namespace trnflow;
 using namespace trnflow::cli;
@@ -273,7 +274,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"table", "csv", "json"}));
   spend->add_flag("--savings", spend_args.savings,
                   "what was saved, by project: spot against on-demand, cache hits, and Neuron "
-                  "against the GPU baseline (p4d.24xlarge)");
+                  "against the GPU baseline (" + std::string(sim::kGpuBaseline) + ")");
 
   EventsArgs events_args;
   auto* events = app.add_subcommand(

@@ -302,7 +302,6 @@ struct ExpiredLease {
   double sim_seconds = 0;  // billable: to its last heartbeat (trnflow.billable_sim_seconds)
   double speed = 1;        // the run's simulated seconds per wall second
   bool run_cancelled = false;  // its run was cancelled (or stopped over budget)
-  std::string cancel_reason;   // "cancelled" or "budget_exceeded"
 };
 
 struct BudgetRow {

@@ -375,7 +375,6 @@ int Catalog::RescueExpiredLeases(const std::function<AttemptResult(const Expired
       e.progress_from = row[13].as<double>();
       e.live_progress = row[14].as<double>();
       e.run_cancelled = row[15].as<bool>();
-      e.cancel_reason = row[16].as<std::string>();
       results.push_back(decide(e));
     }
     auto applied = results.empty() ? std::vector<LeaseKey>{} : impl_->Complete(tx, results);

@@ -654,6 +654,16 @@ CREATE FUNCTION trnflow.has_role(who name, r text) RETURNS boolean
 $$;
 
 --
+-- Name: is_preemption(text); Type: FUNCTION; Schema: trnflow; Owner: -
+--
+
+CREATE FUNCTION trnflow.is_preemption(outcome text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT outcome IN ('spot_interruption', 'capacity_unavailable', 'lost')
+$$;
+
+--
 -- Name: job_uid_claims(); Type: FUNCTION; Schema: trnflow; Owner: -
 --
 
@@ -2243,7 +2253,7 @@ UNION ALL
    FROM ((trnflow.attempts a
      JOIN trnflow.stages s ON ((s.id = a.stage_id)))
      JOIN trnflow.runs r ON ((r.id = a.run_id)))
-  WHERE (a.outcome = ANY (ARRAY['spot_interruption'::text, 'capacity_unavailable'::text, 'lost'::text, 'budget_exceeded'::text]));
+  WHERE (trnflow.is_preemption(a.outcome) OR (a.outcome = 'budget_exceeded'::text));
 
 --
 -- Name: events_id_seq; Type: SEQUENCE; Schema: trnflow; Owner: -
@@ -2345,7 +2355,7 @@ CREATE VIEW trnflow.interruption_waste WITH (security_invoker='true') AS
      JOIN trnflow.stages s ON ((s.id = a.stage_id)))
      JOIN trnflow.runs r ON ((r.id = a.run_id)))
      JOIN trnflow.pipelines p ON ((p.id = r.pipeline_id)))
-  WHERE (a.outcome = ANY (ARRAY['spot_interruption'::text, 'capacity_unavailable'::text, 'lost'::text]))
+  WHERE trnflow.is_preemption(a.outcome)
   GROUP BY r.project, p.name, s.name, a.outcome;
 
 --
@@ -2366,7 +2376,7 @@ CREATE VIEW trnflow.interruption_waste_daily WITH (security_invoker='true') AS
      JOIN trnflow.stages s ON ((s.id = a.stage_id)))
      JOIN trnflow.runs r ON ((r.id = a.run_id)))
      JOIN trnflow.pipelines p ON ((p.id = r.pipeline_id)))
-  WHERE (a.outcome = ANY (ARRAY['spot_interruption'::text, 'capacity_unavailable'::text, 'lost'::text]))
+  WHERE trnflow.is_preemption(a.outcome)
   GROUP BY r.project, (((a.started_at AT TIME ZONE 'UTC'::text))::date), ((date_trunc('month'::text, (a.started_at AT TIME ZONE 'UTC'::text)))::date), p.name, s.name, a.outcome;
 
 --

@@ -99,6 +99,28 @@ TEST(Catalog, MigrateIsIdempotentAndLoadsPrices) {
             sim::Catalog::Builtin().FindInstance("trn1.32xlarge")->on_demand_per_hour.ToDecimal());
 }
 
+// The preemption rule has one statement per language: IsPreemption (C++) and
+// trnflow.is_preemption (SQL, migration 0029), which the ledger's views and CompleteAttempts
+// ask. They agree on every outcome, and every outcome C++ knows is one the ledger accepts.
+TEST(Catalog, PreemptionIsTheSameRuleInCppAndSql) {
+  int preemptions = 0;
+  for (int i = 0; i <= static_cast<int>(Outcome::kBudgetExceeded); ++i) {
+    Outcome o = static_cast<Outcome>(i);
+    std::string name(ToString(o));
+    EXPECT_EQ(testing::Query("SELECT trnflow.is_preemption('" + name + "')"),
+              IsPreemption(o) ? "t" : "f")
+        << name;
+    EXPECT_EQ(testing::Query("SELECT pg_get_constraintdef(oid) LIKE '%''" + name +
+                             "''::text%' FROM pg_constraint WHERE conname = "
+                             "'attempts_outcome_check'"),
+              "t")
+        << name << " is not an outcome the ledger accepts";
+    preemptions += IsPreemption(o);
+  }
+  EXPECT_EQ(preemptions, 3);
+  EXPECT_EQ(testing::Query("SELECT trnflow.is_preemption('no_such_outcome')"), "f");
+}
+
 TEST(Catalog, UnreachableServerIsCatalogUnavailableWithoutThePassword) {
   try {
     schema::Catalog c("postgresql://trnflow:hunter2@127.0.0.1:1/trnflow?connect_timeout=2");

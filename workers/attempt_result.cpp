@@ -1,30 +1,23 @@
 // Result mapping: see attempt_result.h.
 #include "workers/attempt_result.h"
 
+#include "sim/baseline.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 
 namespace trnflow::workers {
 namespace {
 
-// What this attempt's useful work would have cost on the GPU baseline (p4d.24xlarge, same
+// What this attempt's useful work would have cost on the GPU baseline (sim/baseline.h: same
 // market and count), plus its waste, which the market would have caused either way. Stages
 // the baseline does not change (commands, compiles, no progress) cost the same there.
 Money BaselineCost(const schema::ClaimedStage& c, const ExecResult& er, Money cost, Money wasted) {
-  const sim::Catalog& hw = sim::Catalog::Builtin();
-  const sim::InstanceType* gpu = hw.FindInstance("p4d.24xlarge");
-  double useful = er.progress_to - c.progress;
-  if (!gpu || c.spec.workload_json.empty() || useful <= 0 ||
-      (c.spec.kind != StageKind::kTrain && c.spec.kind != StageKind::kDeploy &&
-       c.spec.kind != StageKind::kBenchmark))
-    return cost;
+  if (c.spec.workload_json.empty()) return cost;
   try {
-    sim::Workload w = sim::WorkloadFromJson(c.spec.workload_json);
-    sim::Estimate e = sim::EstimateStage(w, *gpu, c.instance_count, c.attempt == 1);
-    if (e.work_seconds <= 0) return cost;
-    return Charge(gpu->price(c.market == Market::kSpot), c.instance_count,
-                  useful * e.work_seconds) +
-           wasted;
+    auto gpu = sim::GpuBaselineCost(sim::WorkloadFromJson(c.spec.workload_json),
+                                    c.instance_count, c.market, c.attempt == 1,
+                                    er.progress_to - c.progress);
+    return gpu ? *gpu + wasted : cost;
   } catch (const std::exception&) {
     return cost;
   }

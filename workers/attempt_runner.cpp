@@ -15,6 +15,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "common/file_names.h"
 #include "workers/artifact_store.h"
 #include "workers/attempt_result.h"
 #include "workers/pause.h"
@@ -100,11 +101,9 @@ void Worker::Impl::Execute(Pool& pool, const std::shared_ptr<Running>& run) {
   ctx.seed = Fnv1a(c.spec.name + "#" + std::to_string(c.attempt), Fnv1a(std::to_string(c.seed)));
   ctx.spot_rate_multiplier = c.spot_rate_multiplier;
   ctx.workdir = c.workdir;
-  std::string run_tag = "run-" + std::to_string(c.run_id);
-  ctx.run_dir = opt.home + "/runs/" + std::to_string(c.run_id);
-  ctx.log_path = opt.home + "/logs/" + run_tag + "/" + SafeName(c.spec.name) + ".attempt-" +
-                 std::to_string(c.attempt) + ".log";
-  ctx.checkpoint_dir = opt.home + "/checkpoints/" + run_tag + "/" + SafeName(c.spec.name);
+  ctx.run_dir = RunDir(opt.home, c.run_id);
+  ctx.log_path = AttemptLogPath(opt.home, c.run_id, c.spec.name, c.attempt);
+  ctx.checkpoint_dir = CheckpointDir(opt.home, c.run_id, c.spec.name);
   int64_t uid = c.job_uid > 0 ? c.job_uid : opt.job_uid_base;
   ctx.identity.switch_user = sandboxed;
   ctx.identity.uid = static_cast<uid_t>(uid);

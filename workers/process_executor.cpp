@@ -28,13 +28,13 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include "common/duration.h"
 #include "common/log.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
+#include "sim/spot_market.h"
 #include "workers/executor.h"
 #include "workers/job_cgroup.h"
 #include "workers/pause.h"
@@ -291,6 +291,25 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
     r.message = refused;
     return r;
   }
+  // The simulated spot market, on the run's clock (the draw every executor makes from the
+  // attempt's seed, sim/spot_market.h): no capacity at launch, or when the instance is
+  // reclaimed, with SIGTERM at the notice before it (at launch when that is sooner). A command
+  // on-demand meets no simulated market at all.
+  double interrupt_at = std::numeric_limits<double>::infinity();  // simulated seconds
+  const sim::InstanceType* type = ctx.market == Market::kSpot
+                                      ? sim::Catalog::Builtin().FindInstance(ctx.spec.instance)
+                                      : nullptr;
+  if (type) {
+    sim::MarketDraw market = sim::DrawMarket(*type, ctx.market, ctx.instance_count,
+                                             ctx.spot_rate_multiplier, ctx.seed);
+    if (market.short_of_capacity) {
+      r.outcome = Outcome::kCapacityUnavailable;
+      r.progress_to = ctx.progress;
+      r.message = sim::ShortageMessage(*type, ctx.market, ctx.instance_count);
+      return r;
+    }
+    interrupt_at = market.interrupt_at_s;
+  }
   std::string job_home;
   if (std::string e = PrepareAttemptDirs(ctx, &job_home); !e.empty()) {
     r.outcome = Outcome::kInfraError;
@@ -300,18 +319,6 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   bp::environment env;
   for (const auto& [k, v] : JobEnvironment(ctx, job_home)) env[k] = v;
 
-  // The simulated spot market, on the run's clock: when the instance would be reclaimed.
-  double interrupt_at = std::numeric_limits<double>::infinity();  // simulated seconds
-  if (ctx.market == Market::kSpot) {
-    if (const auto* type = sim::Catalog::Builtin().FindInstance(ctx.spec.instance)) {
-      double per_second = sim::SpotInterruptionsPerHour(*type) * ctx.spot_rate_multiplier *
-                          ctx.instance_count / 3600.0;
-      std::mt19937_64 rng(ctx.seed);
-      if (per_second > 0)
-        interrupt_at = std::max(sim::kSpotNoticeSeconds,
-                                std::exponential_distribution<double>(per_second)(rng));
-    }
-  }
   double notice_at = interrupt_at - sim::kSpotNoticeSeconds;
 
   Report report;

@@ -1,6 +1,7 @@
 #include "workers/sandbox.h"
 
 #include "common/bytes.h"
+#include "common/file_names.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -302,7 +303,7 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home) {
   if (run.fd < 0) return Errno("cannot open " + ctx.run_dir);
   Fd homes(OpenSubdir(run.fd, ".home", 0700));
   if (homes.fd < 0) return Errno("cannot make " + ctx.run_dir + "/.home");
-  std::string name = SafeName(ctx.spec.name) + ".attempt-" + std::to_string(ctx.attempt);
+  std::string name = AttemptName(ctx.spec.name, ctx.attempt);
   Fd mine(OpenSubdir(homes.fd, name, 0700));
   if (mine.fd < 0) return Errno("cannot make " + ctx.run_dir + "/.home/" + name);
   Fd tmp(OpenSubdir(mine.fd, "tmp", 0700));
@@ -315,13 +316,6 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home) {
   }
   *job_home = ctx.run_dir + "/.home/" + name;
   return "";
-}
-
-std::string SafeName(std::string s) {
-  for (char& c : s)
-    if (c == '/' || c == ' ' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '_';
-  if (s.empty() || s == "." || s == "..") s = "_" + s;
-  return s;
 }
 
 std::string FindBwrap() {

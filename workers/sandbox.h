@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "common/file_names.h"
+
 namespace trnflow::workers {
 
 struct ExecContext;
@@ -105,11 +107,6 @@ std::string PrepareAttemptDirs(const ExecContext& ctx, std::string* job_home);
 // taken from the worker's environment.
 std::map<std::string, std::string> JobEnvironment(const ExecContext& ctx,
                                                   const std::string& job_home);
-
-// A stage name as one path component (logs, checkpoints, attempts): '/', ' ' and control
-// characters become '_', and a name that is empty, "." or ".." gets a leading '_', so it
-// never names its parent or itself.
-std::string SafeName(std::string s);
 
 // PATH of every job; also where a bare command name is looked up.
 inline constexpr const char* kJobPath = "/usr/local/bin:/usr/bin:/bin";

@@ -12,16 +12,12 @@
 #include "common/log.h"
 #include "sim/feasibility.h"
 #include "sim/perf_model.h"
+#include "sim/spot_market.h"
 #include "workers/executor.h"
 #include "workers/pause.h"
 
 namespace trnflow::workers {
 namespace {
-// InsufficientInstanceCapacity at launch, per attempt. The spot figure scales with the run's
-// spot rate multiplier (at most 20%); on-demand shortages are rarer and do not.
-constexpr double kSpotShortage = 0.01;
-constexpr double kMaxSpotShortage = 0.2;
-constexpr double kOnDemandShortage = 0.001;
 constexpr double kMetricsEverySimSeconds = 600;
 }  // namespace
 
@@ -42,17 +38,16 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     r.message = e.what();
     return r;
   }
+  // The market first (sim/spot_market.h: the draw every executor makes from the seed), then
+  // the metrics' jitter from the same engine.
   std::mt19937_64 rng(ctx.seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
-  double shortage = ctx.market == Market::kSpot
-                        ? std::min(kMaxSpotShortage, kSpotShortage * ctx.spot_rate_multiplier)
-                        : kOnDemandShortage;
-  if (unit(rng) < shortage) {
+  const sim::MarketDraw market =
+      sim::DrawMarket(*type, ctx.market, ctx.instance_count, ctx.spot_rate_multiplier, rng);
+  if (market.short_of_capacity) {
     r.outcome = Outcome::kCapacityUnavailable;
     r.progress_to = ctx.progress;
-    r.message = "InsufficientInstanceCapacity: no " + type->name + " " +
-                std::string(ToString(ctx.market)) + " capacity for " +
-                std::to_string(ctx.instance_count) + " instance(s)";
+    r.message = sim::ShortageMessage(*type, ctx.market, ctx.instance_count);
     return r;
   }
 
@@ -72,13 +67,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
     }
   }
 
-  // Spot interruptions arrive as a Poisson process over the instances of the stage.
-  double interrupt_at = std::numeric_limits<double>::infinity();
-  if (ctx.market == Market::kSpot) {
-    double per_second = sim::SpotInterruptionsPerHour(*type) * ctx.spot_rate_multiplier *
-                        ctx.instance_count / 3600.0;
-    if (per_second > 0) interrupt_at = std::exponential_distribution<double>(per_second)(rng);
-  }
+  const double interrupt_at = market.interrupt_at_s;
   double timeout_at =
       ctx.spec.timeout_s > 0 ? ctx.spec.timeout_s : std::numeric_limits<double>::infinity();
   double end = std::min({end_of_stage, interrupt_at, timeout_at, ctx.spend_cap_s});

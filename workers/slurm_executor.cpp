@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "common/duration.h"
+#include "common/file_names.h"
 #include "common/log.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
@@ -605,10 +606,8 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   fs::path project_dir = fs::path(opt_.shared_dir) /
                          (ctx.identity.switch_user ? "uid-" + std::to_string(ctx.identity.uid)
                                                    : std::string("jobs"));
-  fs::path base = project_dir / ("run-" + std::to_string(ctx.run_id));
-  auto attempt_dir = [&](int attempt) {
-    return base / (SafeName(ctx.spec.name) + ".attempt-" + std::to_string(attempt));
-  };
+  fs::path base = project_dir / RunDirName(ctx.run_id);
+  auto attempt_dir = [&](int attempt) { return base / AttemptName(ctx.spec.name, attempt); };
 
   // Where it goes: the partition the operator mapped to its instance type and market, else
   // --partition (or the cluster's default).

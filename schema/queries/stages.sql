@@ -136,8 +136,7 @@ updated AS (
       progress = CASE WHEN i.new_state IN ('succeeded', 'cached') THEN 1 ELSE i.progress_to END,
       errors = s.errors + CASE WHEN i.outcome IN ('failed', 'timeout', 'infra_error',
                                                   'user_error') THEN 1 ELSE 0 END,
-      preemptions = s.preemptions + CASE WHEN i.outcome IN ('spot_interruption',
-                                    'capacity_unavailable', 'lost') THEN 1 ELSE 0 END,
+      preemptions = s.preemptions + CASE WHEN trnflow.is_preemption(i.outcome) THEN 1 ELSE 0 END,
       ready_at = CASE trnflow.closing_state(i.new_state, s.stop_reason, r.state)
                    WHEN 'retry_wait' THEN now() + make_interval(secs => i.retry_in_s)
                    WHEN 'ready' THEN now() ELSE s.ready_at END,
@@ -245,7 +244,7 @@ SELECT (SELECT count(*) FROM promoted), (SELECT count(*) FROM notified);
 -- name: ExpiredLeases
 -- Running stages whose worker stopped renewing; locked so one rescuer handles each. They are
 -- billed up to their last heartbeat (what anyone knows ran), never past their spend cap: the
--- figure open_attempts showed live. Also says whether their run was cancelled (and why).
+-- figure open_attempts showed live. Also says whether their run was cancelled.
 SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
        s.spec::text, s.progress, s.instance_count,
        (s.attempt_price_usd_hour * 1000000)::bigint,
@@ -253,8 +252,7 @@ SELECT s.id, s.run_id, s.attempts, s.lease_owner::text, s.errors, s.preemptions,
                                     r.speed, s.instance_count, s.attempt_price_usd_hour,
                                     s.attempt_cap_usd),  -- as open_attempts counts it live
        s.market, r.speed, s.attempt_progress_from, coalesce(s.live_progress, -1),
-       (r.state = 'cancelled' OR s.stop_reason IS NOT NULL),
-       coalesce(s.stop_reason, r.cancel_reason, '')
+       (r.state = 'cancelled' OR s.stop_reason IS NOT NULL)
 FROM trnflow.running_stages q
 JOIN trnflow.stages s ON s.id = q.stage_id
 JOIN trnflow.runs r ON r.id = s.run_id
