@@ -313,6 +313,10 @@ struct SpendQuery {
   std::vector<std::string> by;
 };
 
+// Whether SPEND's dates cover whole UTC months ("" open-ended; since the 1st of a month, until
+// the last day of one): such reports read the monthly rollups (migration 0028).
+bool WholeMonths(const std::string& since, const std::string& until);
+
 struct BudgetForecastRow {
   std::string project;
   std::string period;  // month | total
