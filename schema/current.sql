@@ -588,66 +588,6 @@ BEGIN
                  trnflow.project_role(p));
 END $$;
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
---
--- Name: attempts; Type: TABLE; Schema: trnflow; Owner: -
---
-
-CREATE TABLE trnflow.attempts (
-    id bigint NOT NULL,
-    stage_id bigint NOT NULL,
-    run_id bigint NOT NULL,
-    attempt integer NOT NULL,
-    worker_id uuid NOT NULL,
-    worker_name text NOT NULL,
-    instance_type text NOT NULL,
-    instance_count integer NOT NULL,
-    market text NOT NULL,
-    price_usd_hour numeric(12,6) NOT NULL,
-    started_at timestamp with time zone DEFAULT now() NOT NULL,
-    finished_at timestamp with time zone,
-    sim_seconds double precision,
-    billed_seconds bigint,
-    outcome text,
-    progress_from double precision DEFAULT 0 NOT NULL,
-    progress_to double precision,
-    cost_usd numeric(18,6),
-    wasted_usd numeric(18,6),
-    saved_usd numeric(18,6),
-    message text,
-    on_demand_price_usd_hour numeric(12,6),
-    baseline_usd numeric(18,6),
-    cap_usd numeric(18,6),
-    reserved_usd numeric(18,6),
-    executor_job text,
-    queued_at timestamp with time zone,
-    CONSTRAINT attempts_closed CHECK (((outcome IS NOT NULL) AND (finished_at IS NOT NULL))),
-    CONSTRAINT attempts_cost_bounded CHECK (((cost_usd >= (0)::numeric) AND (cost_usd < '1000000000'::numeric))),
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'cached'::text, 'failed'::text, 'spot_interruption'::text, 'capacity_unavailable'::text, 'lost'::text, 'timeout'::text, 'infra_error'::text, 'user_error'::text, 'cancelled'::text, 'budget_exceeded'::text]))),
-    CONSTRAINT attempts_price_bounded CHECK (((price_usd_hour >= (0)::numeric) AND (price_usd_hour < '1000000'::numeric))),
-    CONSTRAINT attempts_reserved_bounded CHECK (((reserved_usd >= (0)::numeric) AND (reserved_usd < '1000000000000'::numeric) AND (cap_usd >= (0)::numeric) AND (cap_usd < '1000000000000'::numeric))),
-    CONSTRAINT attempts_time_bounded CHECK (((sim_seconds >= (0)::double precision) AND (sim_seconds < ('1000000000000'::numeric)::double precision) AND (billed_seconds >= 0) AND ((billed_seconds)::numeric < '1000000000000'::numeric))),
-    CONSTRAINT attempts_wasted_bounded CHECK (((wasted_usd >= (0)::numeric) AND (wasted_usd < '1000000000'::numeric)))
-);
-
---
--- Name: first_of_day(trnflow.attempts); Type: FUNCTION; Schema: trnflow; Owner: -
---
-
-CREATE FUNCTION trnflow.first_of_day(a trnflow.attempts) RETURNS integer
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-  SELECT (a.attempt = 1 OR NOT EXISTS (
-            SELECT 1 FROM trnflow.attempts b
-            WHERE b.stage_id = a.stage_id AND b.attempt < a.attempt
-              AND (b.started_at AT TIME ZONE 'UTC')::date
-                = (a.started_at AT TIME ZONE 'UTC')::date))::int
-$$;
-
 --
 -- Name: grant_member_functions(text); Type: FUNCTION; Schema: trnflow; Owner: -
 --
@@ -840,6 +780,51 @@ BEGIN
   RETURN v;
 END $$;
 
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: attempts; Type: TABLE; Schema: trnflow; Owner: -
+--
+
+CREATE TABLE trnflow.attempts (
+    id bigint NOT NULL,
+    stage_id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    worker_id uuid NOT NULL,
+    worker_name text NOT NULL,
+    instance_type text NOT NULL,
+    instance_count integer NOT NULL,
+    market text NOT NULL,
+    price_usd_hour numeric(12,6) NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    sim_seconds double precision,
+    billed_seconds bigint,
+    outcome text,
+    progress_from double precision DEFAULT 0 NOT NULL,
+    progress_to double precision,
+    cost_usd numeric(18,6),
+    wasted_usd numeric(18,6),
+    saved_usd numeric(18,6),
+    message text,
+    on_demand_price_usd_hour numeric(12,6),
+    baseline_usd numeric(18,6),
+    cap_usd numeric(18,6),
+    reserved_usd numeric(18,6),
+    executor_job text,
+    queued_at timestamp with time zone,
+    CONSTRAINT attempts_closed CHECK (((outcome IS NOT NULL) AND (finished_at IS NOT NULL))),
+    CONSTRAINT attempts_cost_bounded CHECK (((cost_usd >= (0)::numeric) AND (cost_usd < '1000000000'::numeric))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'cached'::text, 'failed'::text, 'spot_interruption'::text, 'capacity_unavailable'::text, 'lost'::text, 'timeout'::text, 'infra_error'::text, 'user_error'::text, 'cancelled'::text, 'budget_exceeded'::text]))),
+    CONSTRAINT attempts_price_bounded CHECK (((price_usd_hour >= (0)::numeric) AND (price_usd_hour < '1000000'::numeric))),
+    CONSTRAINT attempts_reserved_bounded CHECK (((reserved_usd >= (0)::numeric) AND (reserved_usd < '1000000000000'::numeric) AND (cap_usd >= (0)::numeric) AND (cap_usd < '1000000000000'::numeric))),
+    CONSTRAINT attempts_time_bounded CHECK (((sim_seconds >= (0)::double precision) AND (sim_seconds < ('1000000000000'::numeric)::double precision) AND (billed_seconds >= 0) AND ((billed_seconds)::numeric < '1000000000000'::numeric))),
+    CONSTRAINT attempts_wasted_bounded CHECK (((wasted_usd >= (0)::numeric) AND (wasted_usd < '1000000000'::numeric)))
+);
+
 --
 -- Name: on_demand_usd(trnflow.attempts); Type: FUNCTION; Schema: trnflow; Owner: -
 --
@@ -951,7 +936,15 @@ BEGIN
            coalesce(a.wasted_usd, 0) AS wasted_usd, coalesce(a.saved_usd, 0) AS saved_usd,
            trnflow.on_demand_usd(a) AS on_demand_usd,
            coalesce(a.baseline_usd, a.cost_usd, 0) AS baseline_usd,
-           trnflow.first_of_day(a) AS first_of_day
+           -- 1 when no attempt of the stage with a lower number started on the same UTC day
+           -- (attempts of a stage are written in order: the next is claimed after the last
+           -- closed), so the sum over a day's attempts of a stage name counts its runs. Inline:
+           -- a function with its own search_path is never inlined.
+           (a.attempt = 1 OR NOT EXISTS (
+              SELECT 1 FROM trnflow.attempts b
+              WHERE b.stage_id = a.stage_id AND b.attempt < a.attempt
+                AND (b.started_at AT TIME ZONE 'UTC')::date
+                  = (a.started_at AT TIME ZONE 'UTC')::date))::int AS first_of_day
     FROM trnflow.attempts a
     JOIN trnflow.stages s ON s.id = a.stage_id
     JOIN trnflow.runs ru ON ru.id = a.run_id
@@ -966,7 +959,7 @@ BEGIN
   m AS (
     INSERT INTO trnflow.spend_month AS t
     SELECT project, date_trunc('month', day::timestamp)::date, pipeline, kind, instance_type, market,
-           count(*), count(*) FILTER (WHERE outcome = 'cached'), sum(billed_seconds),
+           0::smallint, count(*), count(*) FILTER (WHERE outcome = 'cached'), sum(billed_seconds),
            sum(cost_usd), sum(wasted_usd), sum(saved_usd), sum(on_demand_usd), sum(baseline_usd)
     FROM n GROUP BY 1, 2, 3, 4, 5, 6),
   ms AS (
@@ -976,7 +969,7 @@ BEGIN
     FROM n GROUP BY 1, 2, 3, 4, 5, 6, 7),
   d AS (
     INSERT INTO trnflow.spend_day AS t
-    SELECT project, day, pipeline, count(*), sum(billed_seconds), sum(cost_usd),
+    SELECT project, day, pipeline, 0::smallint, count(*), sum(billed_seconds), sum(cost_usd),
            sum(wasted_usd), sum(saved_usd)
     FROM n GROUP BY 1, 2, 3)
   INSERT INTO trnflow.interruption_rollup AS t
@@ -1306,7 +1299,15 @@ BEGIN
            coalesce(a.wasted_usd, 0) AS wasted_usd, coalesce(a.saved_usd, 0) AS saved_usd,
            trnflow.on_demand_usd(a) AS on_demand_usd,
            coalesce(a.baseline_usd, a.cost_usd, 0) AS baseline_usd,
-           trnflow.first_of_day(a) AS first_of_day
+           -- 1 when no attempt of the stage with a lower number started on the same UTC day
+           -- (attempts of a stage are written in order: the next is claimed after the last
+           -- closed), so the sum over a day's attempts of a stage name counts its runs. Inline:
+           -- a function with its own search_path is never inlined.
+           (a.attempt = 1 OR NOT EXISTS (
+              SELECT 1 FROM trnflow.attempts b
+              WHERE b.stage_id = a.stage_id AND b.attempt < a.attempt
+                AND (b.started_at AT TIME ZONE 'UTC')::date
+                  = (a.started_at AT TIME ZONE 'UTC')::date))::int AS first_of_day
     FROM new_rows a
     JOIN trnflow.stages s ON s.id = a.stage_id
     JOIN trnflow.runs ru ON ru.id = a.run_id
@@ -1328,10 +1329,10 @@ BEGIN
   m AS (
     INSERT INTO trnflow.spend_month AS t
     SELECT project, date_trunc('month', day::timestamp)::date, pipeline, kind, instance_type, market,
-           count(*), count(*) FILTER (WHERE outcome = 'cached'), sum(billed_seconds),
+           (pg_backend_pid() % 8)::smallint, count(*), count(*) FILTER (WHERE outcome = 'cached'), sum(billed_seconds),
            sum(cost_usd), sum(wasted_usd), sum(saved_usd), sum(on_demand_usd), sum(baseline_usd)
     FROM n GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
-    ON CONFLICT (project, month, pipeline, kind, instance_type, market) DO UPDATE
+    ON CONFLICT (project, month, pipeline, kind, instance_type, market, shard) DO UPDATE
     SET attempts = t.attempts + EXCLUDED.attempts, cached = t.cached + EXCLUDED.cached,
         billed_seconds = t.billed_seconds + EXCLUDED.billed_seconds,
         cost_usd = t.cost_usd + EXCLUDED.cost_usd, wasted_usd = t.wasted_usd + EXCLUDED.wasted_usd,
@@ -1350,10 +1351,10 @@ BEGIN
         saved_usd = t.saved_usd + EXCLUDED.saved_usd),
   d AS (
     INSERT INTO trnflow.spend_day AS t
-    SELECT project, day, pipeline, count(*), sum(billed_seconds), sum(cost_usd),
+    SELECT project, day, pipeline, (pg_backend_pid() % 8)::smallint, count(*), sum(billed_seconds), sum(cost_usd),
            sum(wasted_usd), sum(saved_usd)
     FROM n GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-    ON CONFLICT (project, day, pipeline) DO UPDATE
+    ON CONFLICT (project, day, pipeline, shard) DO UPDATE
     SET attempts = t.attempts + EXCLUDED.attempts,
         billed_seconds = t.billed_seconds + EXCLUDED.billed_seconds,
         cost_usd = t.cost_usd + EXCLUDED.cost_usd, wasted_usd = t.wasted_usd + EXCLUDED.wasted_usd,
@@ -2708,6 +2709,7 @@ CREATE TABLE trnflow.spend_day (
     project text NOT NULL,
     day date NOT NULL,
     pipeline text NOT NULL,
+    shard smallint NOT NULL,
     attempts bigint NOT NULL,
     billed_seconds bigint NOT NULL,
     cost_usd numeric NOT NULL,
@@ -2726,6 +2728,7 @@ CREATE TABLE trnflow.spend_month (
     kind text NOT NULL,
     instance_type text NOT NULL,
     market text NOT NULL,
+    shard smallint NOT NULL,
     attempts bigint NOT NULL,
     cached bigint NOT NULL,
     billed_seconds bigint NOT NULL,
@@ -3077,14 +3080,14 @@ ALTER TABLE ONLY trnflow.spend_by_close_month
 --
 
 ALTER TABLE ONLY trnflow.spend_day
-    ADD CONSTRAINT spend_day_pkey PRIMARY KEY (project, day, pipeline);
+    ADD CONSTRAINT spend_day_pkey PRIMARY KEY (project, day, pipeline, shard);
 
 --
 -- Name: spend_month spend_month_pkey; Type: CONSTRAINT; Schema: trnflow; Owner: -
 --
 
 ALTER TABLE ONLY trnflow.spend_month
-    ADD CONSTRAINT spend_month_pkey PRIMARY KEY (project, month, pipeline, kind, instance_type, market);
+    ADD CONSTRAINT spend_month_pkey PRIMARY KEY (project, month, pipeline, kind, instance_type, market, shard);
 
 --
 -- Name: spend_month_stage spend_month_stage_pkey; Type: CONSTRAINT; Schema: trnflow; Owner: -
@@ -3952,6 +3955,31 @@ REVOKE ALL ON FUNCTION trnflow.ensure_project_0025(p text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION trnflow.ensure_project_0026(p text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION grant_member_functions(g text); Type: ACL; Schema: trnflow; Owner: -
+--
+
+REVOKE ALL ON FUNCTION trnflow.grant_member_functions(g text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION grant_project(p text, member text, write boolean); Type: ACL; Schema: trnflow; Owner: -
+--
+
+REVOKE ALL ON FUNCTION trnflow.grant_project(p text, member text, write boolean) FROM PUBLIC;
+
+--
+-- Name: FUNCTION grant_project_0008(p text, member text, write boolean); Type: ACL; Schema: trnflow; Owner: -
+--
+
+REVOKE ALL ON FUNCTION trnflow.grant_project_0008(p text, member text, write boolean) FROM PUBLIC;
+
+--
+-- Name: FUNCTION lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer); Type: ACL; Schema: trnflow; Owner: -
+--
+
+REVOKE ALL ON FUNCTION trnflow.lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION trnflow.lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer) TO trnflow_catalog_daemon;
+
+--
 -- Name: TABLE attempts; Type: ACL; Schema: trnflow; Owner: -
 --
 
@@ -4070,31 +4098,6 @@ GRANT SELECT(on_demand_price_usd_hour) ON TABLE trnflow.attempts TO trnflow_cata
 --
 
 GRANT SELECT(baseline_usd) ON TABLE trnflow.attempts TO trnflow_catalog_reader;
-
---
--- Name: FUNCTION grant_member_functions(g text); Type: ACL; Schema: trnflow; Owner: -
---
-
-REVOKE ALL ON FUNCTION trnflow.grant_member_functions(g text) FROM PUBLIC;
-
---
--- Name: FUNCTION grant_project(p text, member text, write boolean); Type: ACL; Schema: trnflow; Owner: -
---
-
-REVOKE ALL ON FUNCTION trnflow.grant_project(p text, member text, write boolean) FROM PUBLIC;
-
---
--- Name: FUNCTION grant_project_0008(p text, member text, write boolean); Type: ACL; Schema: trnflow; Owner: -
---
-
-REVOKE ALL ON FUNCTION trnflow.grant_project_0008(p text, member text, write boolean) FROM PUBLIC;
-
---
--- Name: FUNCTION lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer); Type: ACL; Schema: trnflow; Owner: -
---
-
-REVOKE ALL ON FUNCTION trnflow.lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION trnflow.lock_ready_stages(p_pool text, p_capacity integer, p_run bigint, p_max integer) TO trnflow_catalog_daemon;
 
 --
 -- Name: FUNCTION rebuild_metric_counters(); Type: ACL; Schema: trnflow; Owner: -
