@@ -250,9 +250,9 @@ int main(int argc, char** argv) {
     for (std::string x; std::getline(s, x, ',');) sizes.push_back(std::stoll(x));
   }
   int reps = static_cast<int>(flags.Int("reps", 5));
-  bool keep = flags.Int("keep", 0) != 0;
   bool json = flags.Int("json", 0) != 0;
   const std::string reuse = flags.Text("database", "");
+  bool keep = flags.Int("keep", reuse.empty() ? 0 : 1) != 0;  // a kept catalog stays kept
   std::string name = reuse.empty() ? "trnflow_bench_scale_" + std::to_string(getpid()) : reuse;
   std::string url;
   if (reuse.empty()) {
