@@ -15,8 +15,13 @@
 //
 // Prints a table (p50 ms per read and size, and the growth from the first size to the last) on
 // stderr and, with --json, one JSON line per size on stdout. Nothing is asserted about time.
-// Usage: scale_bench [--sizes 100000,1000000,10000000] [--reps 5] [--keep 1]
+// Usage: scale_bench [--sizes 100000,1000000,10000000] [--reps 5] [--keep 1] [--database NAME]
 // Needs TRNFLOW_TEST_ADMIN_URL (bench/scale.sh starts a private PostgreSQL) or the local one.
+// --database NAME times the reads of a catalog kept by an earlier `--keep 1` run, loading
+// nothing (after migrating it; the migrations' time is printed): a new build's reads over a
+// 10M ledger without loading it again; `--rebuild 1` also rebuilds /metrics' counters first
+// (for a load stopped before its own rebuild; the migration rebuilds the spend rollups). TRNFLOW_SCALE_BINARY runs another trnflow binary than
+// the build's (a copy, so that a rebuild during an hour's load does not change it mid-run).
 #include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -69,10 +74,15 @@ std::vector<std::string> Env(const std::string& url, const std::string& home) {
   return env;
 }
 
+const char* Binary() {
+  const char* b = getenv("TRNFLOW_SCALE_BINARY");
+  return b && *b ? b : TRNFLOW_BINARY;
+}
+
 // Runs the trnflow binary with `args`; its output goes to `log`. Returns its exit code.
 pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
             const std::string& log) {
-  std::vector<std::string> all = {TRNFLOW_BINARY};
+  std::vector<std::string> all = {Binary()};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv, envp;
   for (auto& a : all) argv.push_back(a.data());
@@ -85,7 +95,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid = 0;
-  if (posix_spawn(&pid, TRNFLOW_BINARY, &fa, nullptr, argv.data(), envp.data()) != 0) pid = 0;
+  if (posix_spawn(&pid, Binary(), &fa, nullptr, argv.data(), envp.data()) != 0) pid = 0;
   posix_spawn_file_actions_destroy(&fa);
   return pid;
 }
@@ -240,10 +250,20 @@ int main(int argc, char** argv) {
     for (std::string x; std::getline(s, x, ',');) sizes.push_back(std::stoll(x));
   }
   int reps = static_cast<int>(flags.Int("reps", 5));
-  bool keep = flags.Int("keep", 0) != 0;
   bool json = flags.Int("json", 0) != 0;
-  std::string name = "trnflow_bench_scale_" + std::to_string(getpid());
-  std::string url = schema::CreateDatabase(AdminUrl(), name);
+  const std::string reuse = flags.Text("database", "");
+  bool keep = flags.Int("keep", reuse.empty() ? 0 : 1) != 0;  // a kept catalog stays kept
+  std::string name = reuse.empty() ? "trnflow_bench_scale_" + std::to_string(getpid()) : reuse;
+  std::string url;
+  if (reuse.empty()) {
+    url = schema::CreateDatabase(AdminUrl(), name);
+  } else {
+    static const std::regex uri(R"(^(postgres(?:ql)?://[^/?]*)(/[^?]*)?(\?.*)?$)");
+    std::smatch m;
+    std::string admin = AdminUrl();
+    url = std::regex_match(admin, m, uri) ? m[1].str() + "/" + name + m[3].str()
+                                          : admin + " dbname=" + name;
+  }
   std::string home = "/tmp/trnflow-scale-bench-home-" + std::to_string(getpid());
   std::string log = "/tmp/trnflow-scale-bench-" + std::to_string(getpid()) + ".log";
   std::filesystem::create_directories(home);
@@ -252,8 +272,25 @@ int main(int argc, char** argv) {
 
   auto catalog = std::make_unique<schema::Catalog>(url);
   schema::Catalog& c = *catalog;
+  if (!reuse.empty())  // a load stopped part way leaves them off
+    for (const char* table : {"attempts", "stages", "runs"})
+      c.RunOutsideTransaction(std::string("ALTER TABLE trnflow.") + table + " ENABLE TRIGGER USER");
+  auto m0 = Clock::now();
   c.Migrate(sim::Catalog::Builtin());
+  if (!reuse.empty()) {
+    std::fprintf(stderr, "scale_bench: %s migrated in %.1f s\n", name.c_str(),
+                 Ms(Clock::now() - m0) / 1000);
+    if (flags.Int("rebuild", 0) != 0) {  // a load stopped before its rebuild
+      // The spend rollups were just rebuilt by migration 0030; /metrics' counters were not.
+      m0 = Clock::now();
+      c.QueryValue("SELECT trnflow.rebuild_metric_counters()::text");
+      std::fprintf(stderr, "scale_bench: /metrics' counters rebuilt in %.1f s\n",
+                   Ms(Clock::now() - m0) / 1000);
+    }
+  }
   auto t0 = Clock::now();
+  Template t;
+  if (reuse.empty()) {
   // Projects p000..p199; the template run is p000's, made by the write path.
   c.QueryValue("INSERT INTO trnflow.projects (name) SELECT 'p' || lpad(g::text, 3, '0') FROM "
                "generate_series(0, " + std::to_string(kProjects - 1) + ") g RETURNING 1");
@@ -265,7 +302,6 @@ int main(int argc, char** argv) {
                  log.c_str());
     return 1;
   }
-  Template t;
   t.run = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.runs"));
   t.smin = std::stoll(c.QueryValue("SELECT min(id) FROM trnflow.stages"));
   t.smax = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.stages"));
@@ -338,8 +374,10 @@ int main(int argc, char** argv) {
                               " ORDER BY attempt DESC LIMIT 1) t, generate_series(1, 10000) g") +
                  " RETURNING 1");
   }
-  const std::string big_run = c.QueryValue("SELECT max(id) FROM trnflow.runs");
-  c.QueryValue("SELECT setval('trnflow.runs_id_seq', (SELECT max(id) FROM trnflow.runs)), "
+  }  // a new catalog
+  // The 10,000-stage run: the one after the template run, which is the first.
+  const std::string big_run = c.QueryValue("SELECT min(id) + 1 FROM trnflow.runs");
+  if (reuse.empty()) c.QueryValue("SELECT setval('trnflow.runs_id_seq', (SELECT max(id) FROM trnflow.runs)), "
                "setval('trnflow.stages_id_seq', (SELECT max(id) FROM trnflow.stages)), "
                "setval(pg_get_serial_sequence('trnflow.attempts', 'id'), "
                "(SELECT max(id) FROM trnflow.attempts))");
@@ -399,10 +437,11 @@ int main(int argc, char** argv) {
   };
   std::map<std::string, std::vector<double>> p50;  // read -> p50 per size
   std::vector<int64_t> measured;
-  int64_t have = t.attempts + 10000;
+  int64_t have = reuse.empty() ? t.attempts + 10000
+                               : std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.attempts"));
   for (int64_t size : sizes) {
     auto g0 = Clock::now();
-    int64_t runs = std::max<int64_t>(0, (size - have) / t.attempts);
+    int64_t runs = reuse.empty() ? std::max<int64_t>(0, (size - have) / t.attempts) : 0;
     if (runs > 0) {
       // Loaded as a migration's backfill would: the ledger's triggers off for the copy (one
       // transition table of millions of rows), the rollups rebuilt from it after.
@@ -415,8 +454,16 @@ int main(int argc, char** argv) {
                                 " ENABLE TRIGGER USER");
       have += runs * t.attempts;
     }
-    c.RebuildSpendRollup();
-    c.RunOutsideTransaction("VACUUM ANALYZE");
+    if (reuse.empty()) c.RebuildSpendRollup();  // a kept catalog's rollups are its own
+    if (reuse.empty()) {
+      c.RunOutsideTransaction("VACUUM ANALYZE");
+    } else {  // a kept catalog of tens of GB: statistics, and the visibility of what reads read
+      c.RunOutsideTransaction("ANALYZE");
+      c.RunOutsideTransaction("VACUUM ANALYZE trnflow.runs, trnflow.spend_month, "
+                              "trnflow.spend_month_stage, trnflow.spend_day, trnflow.spend_rollup, "
+                              "trnflow.attempt_counts, trnflow.budgets, trnflow.workers, "
+                              "trnflow.artifacts, trnflow.schedules");
+    }
     int64_t attempts = std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.attempts"));
     std::fprintf(stderr,
                  "scale_bench: %lld attempts, %s runs, %s stages, %s rollup rows (grown in "

@@ -327,6 +327,10 @@ struct SpendQuery {
   std::vector<std::string> by;
 };
 
+// Whether SPEND's dates cover whole UTC months ("" open-ended; since the 1st of a month, until
+// the last day of one): such reports read the monthly rollups (migration 0030).
+bool WholeMonths(const std::string& since, const std::string& until);
+
 struct BudgetForecastRow {
   std::string project;
   std::string period;  // month | total
@@ -688,7 +692,7 @@ class Catalog {
   std::vector<MetricRow> Metrics();
 
   // Ends the sessions of members holding a lock one of the daemons' sessions has waited on for
-  // longer than `after_s` (the scheduler's lock guard; migration 0023). Returns one line per
+  // longer than `after_s` (the lock guard every daemon runs, schema/member_lock_guard.h; migration 0023). Returns one line per
   // session ended: "pid=N member=ROLE waited=S".
   std::vector<std::string> EndMemberBlockers(double after_s);
 

@@ -1,6 +1,8 @@
 // What stages cost: spend reports (from the spend rollup, or the ledger for per-run ones), the
 // spend of running stages, project and run budgets and their notices, and rebuilding the
 // rollup. SQL: queries/runs.sql; Spend builds its statement from fixed fields.
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <pqxx/pqxx>
 
@@ -21,6 +23,21 @@ const std::map<std::string, std::string>& SpendFields() {
 }
 }  // namespace
 
+bool WholeMonths(const std::string& since, const std::string& until) {
+  auto parse = [](const std::string& d, int& y, int& m, int& day) {
+    char tail = 0;
+    return d.size() == 10 && std::sscanf(d.c_str(), "%4d-%2d-%2d%c", &y, &m, &day, &tail) == 3 &&
+           m >= 1 && m <= 12;
+  };
+  int y = 0, m = 0, d = 0;
+  if (!since.empty() && !(parse(since, y, m, d) && d == 1)) return false;
+  if (until.empty()) return true;
+  if (!parse(until, y, m, d)) return false;
+  static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  return d == days[m - 1] + (m == 2 && leap ? 1 : 0);
+}
+
 std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
   std::vector<std::string> keys;
   bool per_run = false;
@@ -33,17 +50,34 @@ std::vector<SpendRow> Catalog::Spend(const SpendQuery& q) {
     keys.push_back(it->second);
     per_run = per_run || b == "run";
   }
-  // The rollup answers everything but per-run questions, which need the ledger itself.
-  std::string source =
-      per_run
-          ? "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
-            "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
-            "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
-            "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
-            "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
-            "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
-            "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x"
-          : "trnflow.spend_rollup";
+  // The smallest rollup that holds the groups and the dates answers (migration 0030); per-run
+  // questions need the ledger itself. Every source sums the same ledger columns.
+  std::string source;
+  auto only = [&](std::initializer_list<const char*> allowed) {
+    for (const auto& b : q.by)
+      if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return b == a; }) ==
+          allowed.end())
+        return false;
+    return true;
+  };
+  const bool months = WholeMonths(q.since, q.until);
+  if (per_run)
+    source =
+        "(SELECT a.run_id::text AS run, r.project, p.name AS pipeline, s.name AS stage, "
+        "s.kind, a.instance_type, a.market, (a.started_at AT TIME ZONE 'UTC')::date AS day, "
+        "1 AS attempts, coalesce(a.billed_seconds, 0) AS billed_seconds, "
+        "coalesce(a.cost_usd, 0) AS cost_usd, coalesce(a.wasted_usd, 0) AS wasted_usd, "
+        "coalesce(a.saved_usd, 0) AS saved_usd FROM trnflow.attempts a "
+        "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
+        "JOIN trnflow.pipelines p ON p.id = r.pipeline_id) x";
+  else if (months && only({"project", "pipeline", "kind", "instance", "market", "month"}))
+    source = "(SELECT *, month AS day FROM trnflow.spend_month) x";
+  else if (months && only({"project", "pipeline", "stage", "kind", "instance", "market", "month"}))
+    source = "(SELECT *, month AS day FROM trnflow.spend_month_stage) x";
+  else if (only({"project", "pipeline", "day", "month"}))
+    source = "trnflow.spend_day";
+  else
+    source = "trnflow.spend_rollup";
   std::string select, group;
   for (size_t i = 0; i < keys.size(); ++i) {
     select += keys[i] + ", ";
@@ -166,8 +200,7 @@ std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
 void Catalog::RebuildSpendRollup() {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "ClearSpendRollup");
-    impl_->Exec(tx, "FillSpendRollup");
+    impl_->Exec(tx, "RebuildSpendRollups");
     impl_->Exec(tx, "RebuildMetricCounters");
     tx.commit();
   });

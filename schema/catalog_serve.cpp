@@ -127,7 +127,10 @@ std::vector<SavingsRow> Catalog::Savings(const SpendQuery& q) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<SavingsRow> out;
-    for (const auto& row : impl_->Exec(tx, "Savings", q.project, q.pipeline, q.since, q.until))
+    // Whole months (or all history) from spend_month, cache hits included; other dates from
+    // the daily rollup and the ledger's cache hits.
+    const char* query = WholeMonths(q.since, q.until) ? "SavingsByMonth" : "Savings";
+    for (const auto& row : impl_->Exec(tx, query, q.project, q.pipeline, q.since, q.until))
       out.push_back({row[0].as<std::string>(), MoneyOf(row[1]), MoneyOf(row[2]), MoneyOf(row[3]),
                      row[4].as<int64_t>(), MoneyOf(row[5]), MoneyOf(row[6]), MoneyOf(row[7]),
                      MoneyOf(row[8])});

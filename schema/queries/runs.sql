@@ -224,24 +224,10 @@ SELECT p.name, trnflow.project_role(p.name),
        (SELECT count(*) FROM trnflow.runs r WHERE r.project = p.name)
 FROM trnflow.projects p ORDER BY p.name;
 
--- name: ClearSpendRollup
-DELETE FROM trnflow.spend_rollup;
-
--- name: FillSpendRollup
--- The rollup, computed from the ledger (as migration 0003 first filled it), for ledgers loaded
--- in bulk without the trigger that folds each inserted row.
-INSERT INTO trnflow.spend_rollup
-SELECT ru.project, (n.started_at AT TIME ZONE 'UTC')::date, p.name, s.name, s.kind,
-       n.instance_type, n.market, count(*), sum(coalesce(n.billed_seconds, 0)),
-       sum(coalesce(n.cost_usd, 0)), sum(coalesce(n.wasted_usd, 0)),
-       sum(coalesce(n.saved_usd, 0)), sum(trnflow.on_demand_usd(n)),
-       sum(coalesce(n.baseline_usd, n.cost_usd, 0))
-FROM trnflow.attempts n
-JOIN trnflow.stages s ON s.id = n.stage_id
-JOIN trnflow.runs ru ON ru.id = n.run_id
-JOIN trnflow.pipelines p ON p.id = ru.pipeline_id
-WHERE n.outcome IS NOT NULL
-GROUP BY 1, 2, 3, 4, 5, 6, 7;
+-- name: RebuildSpendRollups
+-- Every spend rollup, computed from the ledger (migration 0030), for ledgers loaded in bulk
+-- without the trigger that folds each inserted row.
+SELECT trnflow.rebuild_spend_rollups();
 
 -- name: RebuildMetricCounters
 -- /metrics' counters, from the ledger (migration 0025), for ledgers loaded in bulk.

@@ -245,7 +245,7 @@ FROM trnflow.budgets b,
               FROM generate_series(date_trunc('month', now() AT TIME ZONE 'UTC'),
                                    date_trunc('day', now() AT TIME ZONE 'UTC'),
                                    interval '1 day') g(day)
-              LEFT JOIN (SELECT day, sum(cost_usd) AS cost FROM trnflow.spend_rollup
+              LEFT JOIN (SELECT day, sum(cost_usd) AS cost FROM trnflow.spend_day
                          WHERE project = b.project
                            AND day >= (date_trunc('month', now() AT TIME ZONE 'UTC'))::date
                          GROUP BY day) d ON d.day = g.day::date) sp,
@@ -286,6 +286,22 @@ LEFT JOIN (SELECT r.project, count(*) AS hits
              AND ($4 = '' OR (a.started_at AT TIME ZONE 'UTC')::date <= $4::date)
            GROUP BY r.project) h ON h.project = x.project
 ORDER BY x.project;
+
+-- name: SavingsByMonth
+-- Savings as above over whole months ($3 the first day of one or '', $4 the last day of one or
+-- ''), from spend_month (0030), which counts cache hits too: rows per project, month, pipeline,
+-- kind, instance type and market, whatever the ledger's length.
+SELECT project, coalesce(sum(cost_usd) FILTER (WHERE market = 'spot'), 0)::text,
+       coalesce(sum(on_demand_usd) FILTER (WHERE market = 'spot'), 0)::text,
+       (coalesce(sum(on_demand_usd) FILTER (WHERE market = 'spot'), 0)
+        - coalesce(sum(cost_usd) FILTER (WHERE market = 'spot'), 0))::text,
+       sum(cached), sum(saved_usd)::text, sum(cost_usd)::text, sum(baseline_usd)::text,
+       (sum(baseline_usd) - sum(cost_usd))::text
+FROM trnflow.spend_month
+WHERE ($1 = '' OR project = $1) AND ($2 = '' OR pipeline = $2)
+  AND ($3 = '' OR month >= $3::date) AND ($4 = '' OR month <= $4::date)
+GROUP BY project
+ORDER BY project;
 
 -- name: OldestRunningTransaction
 -- The event hub's clock for holes in trnflow.changes (serve/event_hub.cpp): the oldest
