@@ -17,9 +17,12 @@
 # Each node has two fake Neuron devices as a generic resource (GresTypes=neuron, gres.conf
 # with File= pointing at plain files under $dir/dev/NODE/), so `--gres=neuron:N` is scheduled
 # and shows in `scontrol show job` as on a trn1 node (which has 16).
-# Accounting: Debian's slurmdbd needs a MariaDB server; this test cluster keeps to job
-# completion logging instead (JobCompType=jobcomp/filetxt), which `sacct -c` reads: the job's
-# state, elapsed time and node count, what trnflow bills from.
+# Accounting: Debian packages slurmdbd, but it needs a MariaDB server, which this test
+# cluster does not run; it keeps to job completion logging instead
+# (AccountingStorageType=accounting_storage/none, JobCompType=jobcomp/filetxt), which `sacct -c`
+# reads: the job's state, elapsed time and node count, what trnflow bills from. The worker
+# reads these two keys from `scontrol show config`: on a cluster with slurmdbd it bills from
+# plain `sacct` first (docs/executors.md).
 set -euo pipefail
 
 dir="${TRNFLOW_SLURM_DIR:-/var/tmp/trnflow-slurm}"
