@@ -416,6 +416,83 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
             "");
 }
 
+// Array tasks have what single jobs have: a worker killed mid-array is replaced and its
+// tasks adopted by the next attempts (found by the array's name and index, never submitted
+// again), and cancelling a run cancels its tasks in Slurm, each alone.
+TEST(Slurm, ArrayTasksAreAdoptedAfterAWorkerDiesAndCancelledWithTheirRun) {
+  Daemon scheduler("array-adopt-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  std::string config = WriteTempFile("adopt-arrays.yaml",
+                                     "partitions: {}\nmax_array_size: 10\narray_window: 3s\n");
+  auto first = SlurmWorker("array-adopt-worker-1", {"--slurm-config", config});
+  auto matrix = [](const std::string& pipeline, const std::string& command) {
+    return "pipeline: " + pipeline +
+           "\n"
+           "project: slurm-lab\n"
+           "stages:\n"
+           "  sweep:\n"
+           "    matrix: {i: [0, 1, 2]}\n"
+           "    shell: true\n"
+           "    run: '" + command + "'\n"
+           "    retry: {max_attempts: 2, backoff: {initial: 1s}}\n";
+  };
+  const std::vector<std::string> names = {"sweep[i=0]", "sweep[i=1]", "sweep[i=2]"};
+  int64_t run = Submit(matrix("slurm-array-adopt", "sleep 20; echo \"task ${{ matrix.i }} done\""),
+                       "array-adopt");
+  std::map<std::string, std::string> tasks;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& n : names) {
+      std::string job = AttemptCol(run, n, 1, "executor_job");
+      if (job.empty() || JobState(job) != "RUNNING") return false;
+      tasks[n] = job;
+    }
+    return true;
+  }, 60)) << ShOutput("squeue -h -r -t all -o '%i %j %T'");
+  for (const auto& [n, job] : tasks)
+    EXPECT_NE(job.find('_'), std::string::npos) << n << ": " << job << " is not an array task";
+  first->Kill(SIGKILL);
+  auto second = SlurmWorker("array-adopt-worker-2", {"--slurm-config", config});
+  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 120))
+      << RunState(run) << " " << AttemptCol(run, names[0], 2, "message");
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(AttemptCol(run, n, 1, "outcome"), "lost");
+    EXPECT_EQ(AttemptCol(run, n, 2, "outcome"), "succeeded");
+    EXPECT_EQ(AttemptCol(run, n, 2, "executor_job"), tasks[n]) << "attempt 2 did not adopt the task";
+    EXPECT_EQ(AttemptCol(run, n, 3, "attempt"), "");
+  }
+  // Slurm ran each task once: the arrays of the first attempts hold three tasks, all
+  // completed, and no other job was submitted for them.
+  std::set<std::string> arrays;
+  for (const auto& [n, job] : tasks) arrays.insert(job.substr(0, job.find('_')));
+  std::string ids;
+  for (const auto& a : arrays) ids += (ids.empty() ? "" : ",") + a;
+  EXPECT_EQ(ShOutput("squeue -h -r -t all -j " + ids + " -o %T | sort | uniq -c | tr -s ' '"),
+            " 3 COMPLETED");
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " 'sweep[i=1]'");
+  EXPECT_NE(logs.out.find("task 1 done"), std::string::npos) << logs.out << logs.err;
+
+  // Cancelled with its run: every task, running, in Slurm; every attempt cancelled.
+  int64_t doomed = Submit(matrix("slurm-array-cancel", "sleep 300"), "array-cancel");
+  std::map<std::string, std::string> doomed_tasks;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& n : names) {
+      std::string job = AttemptCol(doomed, n, 1, "executor_job");
+      if (job.empty() || JobState(job) != "RUNNING") return false;
+      doomed_tasks[n] = job;
+    }
+    return true;
+  }, 60)) << ShOutput("squeue -h -r -t all -o '%i %j %T'");
+  EXPECT_EQ(RunTrnflow("cancel " + std::to_string(doomed)).exit_code, 0);
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    EXPECT_TRUE(WaitFor([&] { return JobState(doomed_tasks[n]) == "CANCELLED"; }, 30))
+        << JobState(doomed_tasks[n]);
+    EXPECT_TRUE(WaitFor([&] { return AttemptCol(doomed, n, 1, "outcome") == "cancelled"; }, 30))
+        << AttemptCol(doomed, n, 1, "outcome") << " " << AttemptCol(doomed, n, 1, "message");
+  }
+}
+
 // The wrapper runs as root on the node. It used to write its bookkeeping (begin, exit: what
 // billing reads) into a directory the job owned, so a link the job planted there made root
 // overwrite any file. Now the attempt's directory is root's, only work/ is the job's, and the

@@ -288,8 +288,10 @@ TEST(SlurmPartitions, ArrayLimitsAndTheWindowAreConfigured) {
             "`max_submit_jobs:` and `array_window:`");
 }
 
-// Where billing reads a finished job, from `scontrol show config` (captured from Slurm 22.05):
-// the accounting storage (slurmdbd) first, then the completion log sacct -c reads, then none.
+// Where billing reads a finished job, from `scontrol show config`: the accounting storage
+// (slurmdbd) first, then the completion log sacct -c reads, then none. The first text is
+// captured from ops/slurm.sh's cluster (Slurm 22.05); the others are written in the same
+// "Key = value" form (no cluster with slurmdbd runs here).
 TEST(SlurmBilling, TheSourcesFollowTheClustersAccountingConfig) {
   const std::string test_cluster =
       "Configuration data as of 2026-11-27T18:17:41\n"
