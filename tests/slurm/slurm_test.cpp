@@ -700,7 +700,10 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
     // sinfo then shows MIXED from the count of the last full node query, taken while the job
     // ran, until something asks for all nodes (an unfiltered sinfo, or scontrol show node,
     // which loads every node and filters itself). So `sinfo -n` printed mix for a node that
-    // was idle, for as long as nobody else asked.
+    // was idle, for as long as nobody else asked. Reproduced on ops/slurm.sh's cluster: a
+    // one-CPU job on node1, a plain `sinfo -N` while it runs (node1 mix), the job ends:
+    // `sinfo -h -N -n node1 -o %t` says mix, `scontrol show node node1` IDLE, and after that
+    // (a full query) `sinfo -n node1` says idle too.
     std::string st = ShOutput("scontrol show node " + node + " | grep -o 'State=[A-Z+_]*'");
     if (seen.size() < 400) seen += st + " ";
     return st == "State=IDLE";
