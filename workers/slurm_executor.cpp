@@ -951,7 +951,9 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   std::string acct_source;
   if (!stopped_here && !raw_id.empty()) {
     const auto sources = accounting_->Sources();
-    // The record lands when the job is written off; give it a few seconds.
+    // The record lands when the job is written off; give it a few seconds. slurmctld writes
+    // its completion log at once and sends slurmdbd the record a moment later: while the
+    // preferred source answers without the record, the next one waits its turn for a second.
     for (int look = 0; look < 10 && !acct && !sources.empty(); ++look) {
       for (const auto& source : sources) {
         std::vector<std::string> q = source;
@@ -965,6 +967,7 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
           acct_source = source.size() > 1 ? "sacct -c" : "sacct";
           break;
         }
+        if (a.code == 0 && look < 3) break;  // it answered: its record may be on its way
       }
       if (!acct && look + 1 < 10) PauseFor(0.3);
     }

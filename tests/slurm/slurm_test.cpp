@@ -282,10 +282,11 @@ TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
   EXPECT_NE(shown.find("TresPerNode=gres:neuron:2"), std::string::npos) << shown;
   EXPECT_NE(shown.find("Partition=batch"), std::string::npos) << shown;
   // Billed: what Slurm accounted (whole seconds; the wrapper's span refines it within one),
-  // at the run's speed, at trn1.32xlarge's price.
+  // at the run's speed, at trn1.32xlarge's price. The record: slurmdbd's (plain sacct, -X: the
+  // allocation, not its steps).
   double elapsed = -1;
   ASSERT_TRUE(WaitFor([&] {
-    std::string e = ShOutput("sacct -c -n -P -j " + job + " -o elapsed");
+    std::string e = ShOutput("sacct -X -n -P -j " + job + " -o elapsed");
     if (e.size() < 8) return false;
     elapsed = std::stoi(e.substr(0, 2)) * 3600 + std::stoi(e.substr(3, 2)) * 60 + std::stoi(e.substr(6, 2));
     return true;
@@ -295,19 +296,21 @@ TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
   EXPECT_GE(elapsed, 2);
   EXPECT_NEAR(billed / 60, elapsed, 1.0) << "billed " << billed << " s, accounted " << elapsed;
   // From the source the cluster's own config names (scontrol show config), not an assumption:
-  // this cluster has no slurmdbd (accounting_storage/none) and a completion log that `sacct -c`
-  // reads (jobcomp/filetxt). A cluster with slurmdbd is read with plain `sacct` first.
+  // this cluster has slurmdbd (accounting_storage/slurmdbd) and a completion log too
+  // (jobcomp/filetxt, `sacct -c`), both with the job; the bill is slurmdbd's.
   std::string acct_config =
       ShOutput("scontrol show config | grep -E '^(AccountingStorageType|JobCompType) '");
-  ASSERT_NE(acct_config.find("accounting_storage/none"), std::string::npos) << acct_config;
+  ASSERT_NE(acct_config.find("accounting_storage/slurmdbd"), std::string::npos) << acct_config;
   ASSERT_NE(acct_config.find("jobcomp/filetxt"), std::string::npos) << acct_config;
-  EXPECT_NE(r.err.find("AccountingStorageType=accounting_storage/none, "
-                       "JobCompType=jobcomp/filetxt: billing from `sacct -c`, else the wrapper's "
-                       "span"),
+  EXPECT_EQ(ShOutput("sacct -c -n -P -j " + job + " -o state"), "COMPLETED");
+  EXPECT_NE(r.err.find("AccountingStorageType=accounting_storage/slurmdbd, "
+                       "JobCompType=jobcomp/filetxt: billing from `sacct`, then `sacct -c`, else "
+                       "the wrapper's span"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("Slurm job " + job + " accounted"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("node(s) (sacct -c)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("node(s) (sacct)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(sacct -c)"), std::string::npos) << r.err;
   EXPECT_EQ(Query("SELECT instance_type FROM trnflow.attempts WHERE stage_id = " +
                   StageId(run, "work")),
             "trn1.32xlarge");

@@ -289,11 +289,35 @@ TEST(SlurmPartitions, ArrayLimitsAndTheWindowAreConfigured) {
 }
 
 // Where billing reads a finished job, from `scontrol show config`: the accounting storage
-// (slurmdbd) first, then the completion log sacct -c reads, then none. The first text is
-// captured from ops/slurm.sh's cluster (Slurm 22.05); the others are written in the same
-// "Key = value" form (no cluster with slurmdbd runs here).
+// (slurmdbd) first, then the completion log sacct -c reads, then none. The first two texts are
+// captured from ops/slurm.sh's cluster (Slurm 22.05), with slurmdbd and, before it had one,
+// without; the others are written in the same "Key = value" form. (The real-cluster billing
+// test shows the slurmdbd path end to end.)
 TEST(SlurmBilling, TheSourcesFollowTheClustersAccountingConfig) {
+  using Sources = std::vector<std::vector<std::string>>;
   const std::string test_cluster =
+      "AccountingStorageBackupHost = (null)\n"
+      "AccountingStorageEnforce = none\n"
+      "AccountingStorageHost   = localhost\n"
+      "AccountingStorageExternalHost = (null)\n"
+      "AccountingStorageParameters = (null)\n"
+      "AccountingStoragePort   = 19503\n"
+      "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages\n"
+      "AccountingStorageType   = accounting_storage/slurmdbd\n"
+      "AccountingStorageUser   = N/A\n"
+      "JobCompHost             = localhost\n"
+      "JobCompLoc              = /var/tmp/trnflow-slurm/log/jobcomp.txt\n"
+      "JobCompPort             = 0\n"
+      "JobCompType             = jobcomp/filetxt\n"
+      "JobCompUser             = root\n";
+  AccountingConfig c = ParseAccountingConfig(test_cluster);
+  EXPECT_TRUE(c.known);
+  EXPECT_EQ(c.storage_type, "accounting_storage/slurmdbd");
+  EXPECT_EQ(c.jobcomp_type, "jobcomp/filetxt");
+  // Both: slurmdbd first, the completion log when slurmdbd has no record (yet).
+  EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}, {"sacct", "-c"}}));
+  // No slurmdbd, a completion log only: sacct -c.
+  const std::string jobcomp_only =
       "Configuration data as of 2026-11-27T18:17:41\n"
       "AccountingStorageBackupHost = (null)\n"
       "AccountingStorageEnforce = none\n"
@@ -303,8 +327,7 @@ TEST(SlurmBilling, TheSourcesFollowTheClustersAccountingConfig) {
       "JobCompHost             = localhost\n"
       "JobCompLoc              = /var/tmp/trnflow-slurm/log/jobcomp.txt\n"
       "JobCompType             = jobcomp/filetxt\n";
-  using Sources = std::vector<std::vector<std::string>>;
-  AccountingConfig c = ParseAccountingConfig(test_cluster);
+  c = ParseAccountingConfig(jobcomp_only);
   EXPECT_TRUE(c.known);
   EXPECT_EQ(c.storage_type, "accounting_storage/none");
   EXPECT_EQ(c.jobcomp_type, "jobcomp/filetxt");
@@ -313,7 +336,7 @@ TEST(SlurmBilling, TheSourcesFollowTheClustersAccountingConfig) {
   c = ParseAccountingConfig(
       "AccountingStorageType   = accounting_storage/slurmdbd\nJobCompType             = (null)\n");
   EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}}));
-  // Both: slurmdbd first, the completion log when slurmdbd has no record (yet).
+  // slurmdbd and a completion log in MySQL: the same order.
   c = ParseAccountingConfig(
       "AccountingStorageType = accounting_storage/slurmdbd\nJobCompType = jobcomp/mysql\n");
   EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}, {"sacct", "-c"}}));
