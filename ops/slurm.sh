@@ -135,8 +135,24 @@ EOF
   chmod 0600 "$dir/slurmdbd.conf"
 }
 
-# `mariadb` as root through the private socket (unix_socket authentication: root here).
-sql() { mariadb --no-defaults --socket="$db_socket" -uroot -N -B -e "$1"; }
+# SIGTERM to the daemons of these pid files, 5 s to save their state, then SIGKILL.
+stop() {
+  local f pids=()
+  for f in "$@"; do
+    if alive "$f"; then pids+=("$(cat "$f")"); fi
+  done
+  ((${#pids[@]})) || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    kill -0 "${pids[@]}" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -9 "${pids[@]}" 2>/dev/null || true
+}
+
+# `mariadb` as root through the private socket (unix_socket authentication: root here); the
+# statements on stdin, not in the process list (one sets a password).
+sql() { mariadb --no-defaults --socket="$db_socket" -uroot -N -B <<< "$1"; }
 
 # Small buffers and logs (a few jobs' records), no flush per commit: a test cluster.
 db_opts=(--innodb-buffer-pool-size=16M --innodb-log-file-size=8M
@@ -229,55 +245,6 @@ accounting_up() {
 }
 
 up() {
-  mkdir -p "$db"
-  chmod 0700 "$db"
-  # Small buffers and logs (a few jobs' records), no flush per commit: a test cluster.
-  local opts=(--innodb-buffer-pool-size=16M --innodb-log-file-size=8M
-              --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0)
-  if [[ ! -d "$db/data/mysql" ]]; then
-    rm -rf "$db/data"
-    mariadb-install-db --no-defaults --user=root --datadir="$db/data" --skip-test-db \
-      --auth-root-authentication-method=socket "${opts[@]}" > "$dir/log/mariadb-install.log" 2>&1 ||
-      { tail -n 20 "$dir/log/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
-  fi
-  if ! alive "$db/mariadbd.pid"; then
-    setsid mariadbd --no-defaults --user=root --datadir="$db/data" --socket="$db_socket" \
-      --skip-networking --pid-file="$db/mariadbd.pid" --log-error="$dir/log/mariadb.log" \
-      "${opts[@]}" < /dev/null > /dev/null 2>&1 &
-  fi
-  for _ in $(seq 1 150); do
-    mariadb-admin --no-defaults --socket="$db_socket" -uroot ping > /dev/null 2>&1 && break
-    sleep 0.1
-  done
-  sql "SELECT 1" > /dev/null 2>&1 ||
-    { tail -n 20 "$dir/log/mariadb.log" >&2; die "MariaDB did not start in 15 s (log in $dir/log)"; }
-  # slurmdbd's database and user (the password in $dir/mariadb.pass, set again on each up).
-  sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
-       CREATE USER IF NOT EXISTS 'slurm'@'localhost';
-       ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$(cat "$dir/mariadb.pass")';
-       GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
-}
-
-# slurmdbd, then this cluster registered with it (once: the database keeps it).
-dbd_up() {
-  if ! alive "$dir/slurmdbd.pid"; then
-    # StorageHost=localhost means the client library's default socket, unless MYSQL_UNIX_PORT
-    # names another.
-    MYSQL_UNIX_PORT="$db_socket" slurmdbd
-  fi
-  local clusters="" until=$((SECONDS + 15))
-  until clusters=$(sacctmgr -n -P list cluster format=cluster 2>&1); do
-    if ((SECONDS >= until)); then
-      echo "$clusters" >&2
-      tail -n 20 "$dir/log/slurmdbd.log" >&2
-      die "slurmdbd did not answer in 15 s (log in $dir/log)"
-    fi
-    sleep 0.1
-  done
-  grep -qx trnflow <<< "$clusters" || sacctmgr -i add cluster trnflow > /dev/null
-}
-
-up() {
   write_conf
   if ! alive "$dir/munge/munged.pid"; then
     [[ -f "$dir/munge/munge.key" ]] || { dd if=/dev/urandom bs=1 count=1024 of="$dir/munge/munge.key" 2>/dev/null; }
@@ -311,21 +278,6 @@ up() {
   sinfo -N >&2 || true
   tail -n 20 "$dir/log/slurmctld.log" >&2 || true
   die "the nodes did not come up in 20 s (logs in $dir/log)"
-}
-
-# SIGTERM to the daemons of these pid files, 5 s to save their state, then SIGKILL.
-stop() {
-  local f pids=()
-  for f in "$@"; do
-    if alive "$f"; then pids+=("$(cat "$f")"); fi
-  done
-  ((${#pids[@]})) || return 0
-  kill "${pids[@]}" 2>/dev/null || true
-  for _ in $(seq 1 50); do
-    kill -0 "${pids[@]}" 2>/dev/null || return 0
-    sleep 0.1
-  done
-  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 down() {

@@ -1,6 +1,7 @@
-// The Slurm executor against a real Slurm: a one-host cluster (munge, slurmctld, two slurmd)
-// that this test program starts with ops/slurm.sh in a private directory on private ports, a
-// real PostgreSQL catalog, and the real binary as `trnflow run` or as daemons.
+// The Slurm executor against a real Slurm: a one-host cluster (munge, MariaDB, slurmdbd,
+// slurmctld, two slurmd) that this test program starts with ops/slurm.sh in a private
+// directory on private ports, a real PostgreSQL catalog, and the real binary as `trnflow run`
+// or as daemons.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -37,8 +38,9 @@ using testing::ShOutput;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
-// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with ports of its
-// own (so a developer's cluster on the default ports is left alone).
+// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with four ports of
+// its own (slurmctld, two slurmd, slurmdbd; so a developer's cluster on the default ports is
+// left alone).
 class SlurmCluster : public ::testing::Environment {
  public:
   static std::string env() {  // prefix for ops/slurm.sh commands
@@ -93,7 +95,8 @@ std::string AttemptCol(int64_t run, const std::string& stage, int attempt, const
 std::string JobState(const std::string& job) {
   return ShOutput("squeue -h -t all -j " + job + " -o %T");
 }
-// Every job Slurm has recorded for a stage (its accounting, jobcomp/filetxt), by job name.
+// Every job Slurm has recorded for a stage (its completion log, jobcomp/filetxt; slurmdbd has
+// them too), by job name.
 int JobsOfStage(int64_t run, const std::string& stage) {
   std::string prefix = "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a";
   std::string out = ShOutput("sacct -c -n -P -S now-1day -o jobid,jobname");
