@@ -13,6 +13,7 @@ packages=(
   postgresql-15 python3 procps
   clang libclang-rt-14-dev python3-yaml python3-jsonschema libhowardhinnant-date-dev tzdata
   slurmctld slurmd slurm-client munge util-linux bubblewrap
+  slurmdbd slurm-wlm-mysql-plugin mariadb-server
   libcpp-httplib-dev chromium prometheus
 )
 
@@ -27,8 +28,25 @@ if ((${#missing[@]})); then
   fi
   echo "== installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # The test Slurm (ops/slurm.sh) runs its own MariaDB and slurmdbd: the packages' system
+  # services are not started (a policy-rc.d for this install, unless the host has its own).
+  policy=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# ops/setup.sh, while it installs\ncase "$1" in mariadb|mysql|slurmdbd) exit 101;; esac\nexit 0\n' > "$policy"
+    chmod 0755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ -n "$policy" ]]; then rm -f "$policy"; trap - EXIT; fi
+  # Nor started at boot, when this run installed them.
+  for pkg_service in mariadb-server:mariadb slurmdbd:slurmdbd; do
+    if [[ " ${missing[*]} " == *" ${pkg_service%%:*} "* ]]; then
+      update-rc.d "${pkg_service#*:}" disable >/dev/null 2>&1 || true
+      systemctl disable "${pkg_service#*:}" >/dev/null 2>&1 || true
+    fi
+  done
 fi
 
 echo "== building into build/"

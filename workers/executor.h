@@ -116,10 +116,9 @@ struct SlurmOptions {
   // The operator's partition map (--slurm-config): a stage goes to the partition mapped to its
   // instance type and market, with --gres for its devices; unmapped ones to `partition`.
   std::vector<slurm::Partition> partitions;
-  // Matrix expansions submitted within `array_window_s` of each other with the same options
-  // go out as one job array (--slurm-config's max_array_size, max_submit_jobs).
+  // Matrix expansions submitted within `arrays.window_s` of each other with the same options
+  // go out as one job array (--slurm-config's max_array_size, max_submit_jobs, array_window).
   slurm::ArrayLimits arrays;
-  double array_window_s = 1;
 };
 
 // Runs every kind of stage as one Slurm batch job per attempt (docs/executors.md).
@@ -132,9 +131,11 @@ class SlurmExecutor final : public Executor {
  private:
   struct Monitor;
   struct Arrays;
+  struct Accounting;
   SlurmOptions opt_;
   std::unique_ptr<Monitor> monitor_;
   std::unique_ptr<Arrays> arrays_;
+  std::unique_ptr<Accounting> accounting_;
 };
 
 // Runs nothing and succeeds at once (nothing billed but the claim's own instant): the no-op

@@ -1,5 +1,7 @@
 #include "workers/slurm.h"
 
+#include "common/duration.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -184,9 +186,17 @@ std::string ParsePartitions(const std::string& text, const std::string& path,
                (key == "max_array_size" ? " (below the cluster's MaxArraySize; 1: no arrays)"
                                         : " (the site's MaxSubmitJobs; 0: no limit)");
       (key == "max_array_size" ? lim.max_array_size : lim.max_submit_jobs) = v;
+    } else if (key == "array_window") {
+      std::optional<double> d;
+      if (kv.second.IsScalar()) d = ParseDuration(kv.second.Scalar());
+      if (!d || *d > 600)
+        return at(kv.second) + "`array_window`: expected a duration above 0 and at most 10m (e.g. 2s): "
+                               "how long a batch of matrix expansions gathers before its sbatch";
+      lim.window_s = *d;
     } else if (key != "partitions") {
       return at(kv.first) + "unknown key `" + key +
-             "`; the file has `partitions:`, `max_array_size:` and `max_submit_jobs:`";
+             "`; the file has `partitions:`, `max_array_size:`, `max_submit_jobs:` and "
+             "`array_window:`";
     }
   }
   if (limits) *limits = lim;
@@ -250,6 +260,33 @@ std::string GresRequest(const Partition& p, int nodes, int tp) {
   if (nodes <= 1 && tp > 0)
     n = std::clamp((tp + p.cores_per_device - 1) / p.cores_per_device, 1, p.devices);
   return p.gres + ":" + std::to_string(n);
+}
+
+AccountingConfig ParseAccountingConfig(const std::string& show_config) {
+  AccountingConfig c;
+  std::istringstream in(show_config);
+  for (std::string line; std::getline(in, line);) {
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = Trim(line.substr(0, eq)), value = Trim(line.substr(eq + 1));
+    if (key == "AccountingStorageType") {
+      c.storage_type = value;
+      c.known = true;
+    } else if (key == "JobCompType") {
+      c.jobcomp_type = value;
+    }
+  }
+  return c;
+}
+
+std::vector<std::vector<std::string>> AccountingSources(const AccountingConfig& c) {
+  std::vector<std::vector<std::string>> out;
+  if (!c.known || (c.storage_type != "accounting_storage/none" && !c.storage_type.empty() &&
+                   c.storage_type != "(null)"))
+    out.push_back({"sacct"});
+  if (!c.known || c.jobcomp_type == "jobcomp/filetxt" || c.jobcomp_type == "jobcomp/mysql")
+    out.push_back({"sacct", "-c"});
+  return out;
 }
 
 Billed BillFrom(const std::optional<JobState>& acct, double span_s, double watched_s) {

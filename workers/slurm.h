@@ -99,10 +99,13 @@ struct Partition {
 
 // How matrix stages go out as job arrays: at most `max_array_size` tasks an array (below the
 // cluster's MaxArraySize), and at most `max_submit_jobs` jobs of this worker queued or running
-// at once (the site's MaxSubmitJobs; an array task counts as a job; 0: no limit).
+// at once (the site's MaxSubmitJobs; an array task counts as a job; 0: no limit). Attempts
+// that ask within `window_s` of a batch's first one join it: a longer window makes fewer,
+// larger arrays out of expansions claimed in trickles, at the cost of that much delay.
 struct ArrayLimits {
   int max_array_size = 1000;
   int max_submit_jobs = 0;
+  double window_s = 1;
 };
 
 // The --slurm-config file (YAML):
@@ -110,6 +113,7 @@ struct ArrayLimits {
 //     NAME: {instance: TYPE, spot: BOOL, gres: NAME, devices: N, cores_per_device: N}
 //   max_array_size: N     (optional, default 1000; 1: no arrays)
 //   max_submit_jobs: N    (optional, default 0: no limit)
+//   array_window: DURATION (optional, default 1s; above 0, at most 10m)
 // Returns "" or an error as `path:line:col: what; the fix`.
 std::string ParsePartitions(const std::string& text, const std::string& path,
                             std::vector<Partition>* out, ArrayLimits* limits = nullptr);
@@ -126,6 +130,23 @@ const Partition* PartitionFor(const std::vector<Partition>& parts, const std::st
 // degree is `tp` (0: unknown): every device of the node for a multi-node stage or an unknown
 // degree, else the devices tp NeuronCores need (at most the node's). "" when `p` maps no GRES.
 std::string GresRequest(const Partition& p, int nodes, int tp);
+
+// Where the cluster keeps finished jobs' records, as `scontrol show config` says.
+struct AccountingConfig {
+  bool known = false;        // false: scontrol did not answer (every source is tried)
+  std::string storage_type;  // AccountingStorageType: accounting_storage/slurmdbd, .../none
+  std::string jobcomp_type;  // JobCompType: jobcomp/filetxt, jobcomp/mysql, jobcomp/none, ...
+};
+// `scontrol show config`'s "Key = value" lines; the two keys above.
+AccountingConfig ParseAccountingConfig(const std::string& show_config);
+
+// The sacct commands (without -j and -o) that can hold a finished job's record, in the order
+// billing asks them: `sacct` (the accounting storage, slurmdbd) when AccountingStorageType is
+// not accounting_storage/none, then `sacct -c` when JobCompType is one `sacct -c` reads
+// (jobcomp/filetxt, jobcomp/mysql; elasticsearch, kafka, lua and script keep no record it can
+// read). Empty: accounting is off, and the wrapper's span is the bill. An unknown config tries
+// both.
+std::vector<std::vector<std::string>> AccountingSources(const AccountingConfig& c);
 
 // What an attempt is billed for, in wall seconds, and on how many nodes. Slurm's accounting
 // (`acct`, from sacct) is the source: its elapsed time (whole seconds) and node count. The

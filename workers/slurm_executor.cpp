@@ -432,7 +432,7 @@ struct SlurmExecutor::Arrays {
       {
         std::scoped_lock lock(mu);
         if (static_cast<int>(batch->requests.size()) >= limit ||
-            Clock::now() - batch->opened >= std::chrono::duration<double>(opt.array_window_s) ||
+            Clock::now() - batch->opened >= std::chrono::duration<double>(opt.arrays.window_s) ||
             ctx.stop_reason() != StopReason::kNone) {
           batch->sealed = true;
           if (auto it = open.find(key); it != open.end() && it->second == batch) open.erase(it);
@@ -579,10 +579,44 @@ struct SlurmExecutor::Monitor {
   }
 };
 
+// Where this cluster keeps finished jobs' records (`scontrol show config`), asked once: the
+// sacct calls billing makes, in order. Until scontrol answers, every source is tried.
+struct SlurmExecutor::Accounting {
+  std::mutex mu;
+  std::optional<slurm::AccountingConfig> config;
+
+  std::vector<std::vector<std::string>> Sources() {
+    std::scoped_lock lock(mu);
+    if (!config) {
+      ToolResult r = RunTool({"scontrol", "show", "config"});
+      slurm::AccountingConfig c = slurm::ParseAccountingConfig(r.out);
+      if (r.code == 0 && c.known) {
+        config = c;
+        auto sources = slurm::AccountingSources(c);
+        std::string said;
+        for (const auto& s : sources) {
+          std::string cmd;
+          for (const auto& a : s) cmd += (cmd.empty() ? "" : " ") + a;
+          said += (said.empty() ? "`" : ", then `") + cmd + "`";
+        }
+        Logger("workers.slurm")
+            ->info("Slurm accounting: AccountingStorageType={}, JobCompType={}: billing from {}",
+                   c.storage_type, c.jobcomp_type,
+                   said.empty() ? "the wrapper's span (accounting is off)"
+                                : said + ", else the wrapper's span");
+      } else {
+        return slurm::AccountingSources({});
+      }
+    }
+    return slurm::AccountingSources(*config);
+  }
+};
+
 SlurmExecutor::SlurmExecutor(SlurmOptions o)
     : opt_(std::move(o)),
       monitor_(std::make_unique<Monitor>(opt_.poll_s)),
-      arrays_(std::make_unique<Arrays>()) {}
+      arrays_(std::make_unique<Arrays>()),
+      accounting_(std::make_unique<Accounting>()) {}
 SlurmExecutor::~SlurmExecutor() = default;
 
 std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt) {
@@ -893,10 +927,11 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   capture.Finish();
   if (out_fd >= 0) ::close(out_fd);
 
-  // What it ran: Slurm's accounting (sacct; `sacct -c` on a cluster with jobcomp/filetxt and no
-  // slurmdbd): its elapsed time and nodes, refined within its one-second resolution by the
-  // wrapper's span (at a run's speed of 7200 a second is two simulated hours); the wrapper's
-  // span alone when accounting has no record; else the span this worker saw.
+  // What it ran: Slurm's accounting, from the sources the cluster's config says it keeps
+  // (`sacct` with slurmdbd, else `sacct -c` with jobcomp/filetxt or mysql): its elapsed time
+  // and nodes, refined within its one-second resolution by the wrapper's span (at a run's
+  // speed of 7200 a second is two simulated hours); the wrapper's span alone when accounting
+  // is off or has no record; else the span this worker saw.
   double watched = began_at < 0 ? 0 : wall() - began_at;
   slurm::WrapperFiles last_files = ReadWrapperFiles(dir);
   double span = last_files.began_at > 0 && last_files.exited_at >= last_files.began_at
@@ -912,21 +947,26 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     ToolResult q = RunTool({"squeue", "-h", "-r", "-t", "all", "-j", job_id, "-o", "%A"});
     if (q.code == 0) raw_id = q.out.substr(0, q.out.find('\n'));
   }
+  std::string acct_source;
   if (!stopped_here && !raw_id.empty()) {
-    // The record lands when the job is written off; give it a few seconds.
-    for (int look = 0; look < 10 && !acct; ++look) {
-      for (bool comp : {false, true}) {
-        std::vector<std::string> q = {"sacct", "-n", "-P", "-j", raw_id, "-o",
-                                      "jobidraw,state,elapsed,nnodes,exitcode"};
-        if (comp) q.insert(q.begin() + 1, "-c");
+    const auto sources = accounting_->Sources();
+    // The record lands when the job is written off; give it a few seconds. slurmctld writes
+    // its completion log at once and sends slurmdbd the record a moment later: while the
+    // preferred source answers without the record, the next one waits its turn for a second.
+    for (int look = 0; look < 10 && !acct && !sources.empty(); ++look) {
+      for (const auto& source : sources) {
+        std::vector<std::string> q = source;
+        q.insert(q.end(), {"-n", "-P", "-j", raw_id, "-o", "jobidraw,state,elapsed,nnodes,exitcode"});
         ToolResult a = RunTool(q);
         auto rows = slurm::ParseSacct(a.out);
         if (auto it = rows.find(raw_id);
             a.code == 0 && it != rows.end() && it->second.elapsed_s >= 0 &&
             it->second.state != "RUNNING" && it->second.state != "PENDING") {
           acct = it->second;
+          acct_source = source.size() > 1 ? "sacct -c" : "sacct";
           break;
         }
+        if (a.code == 0 && look < 3) break;  // it answered: its record may be on its way
       }
       if (!acct && look + 1 < 10) PauseFor(0.3);
     }
@@ -938,8 +978,12 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   if (billed.nodes > 0 && ctx.instance_count > 0 && billed.nodes != ctx.instance_count)
     elapsed = elapsed * billed.nodes / ctx.instance_count;
   if (acct)
-    log->info("stage={} attempt={}: Slurm job {} accounted {} on {} node(s)", ctx.spec.name,
-              ctx.attempt, job_id, FormatDuration(acct->elapsed_s), acct->nodes);
+    log->info("stage={} attempt={}: Slurm job {} accounted {} on {} node(s) ({})", ctx.spec.name,
+              ctx.attempt, job_id, FormatDuration(acct->elapsed_s), acct->nodes, acct_source);
+  else if (!stopped_here)
+    log->info("stage={} attempt={}: Slurm job {}: no accounting record; billed {} ({})",
+              ctx.spec.name, ctx.attempt, job_id, FormatDuration(billed.seconds),
+              span >= 0 ? "the wrapper's span" : "the span the worker watched");
   r.sim_seconds = std::min(elapsed * ctx.speed, ctx.spend_cap_s);
   r.ran_instance = began_at >= 0 || elapsed > 0;
   auto partial = [&] {

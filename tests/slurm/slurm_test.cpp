@@ -1,6 +1,7 @@
-// The Slurm executor against a real Slurm: a one-host cluster (munge, slurmctld, two slurmd)
-// that this test program starts with ops/slurm.sh in a private directory on private ports, a
-// real PostgreSQL catalog, and the real binary as `trnflow run` or as daemons.
+// The Slurm executor against a real Slurm: a one-host cluster (munge, MariaDB, slurmdbd,
+// slurmctld, two slurmd) that this test program starts with ops/slurm.sh in a private
+// directory on private ports, a real PostgreSQL catalog, and the real binary as `trnflow run`
+// or as daemons.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -37,8 +38,9 @@ using testing::ShOutput;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
-// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with ports of its
-// own (so a developer's cluster on the default ports is left alone).
+// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with four ports of
+// its own (slurmctld, two slurmd, slurmdbd; so a developer's cluster on the default ports is
+// left alone).
 class SlurmCluster : public ::testing::Environment {
  public:
   static std::string env() {  // prefix for ops/slurm.sh commands
@@ -93,7 +95,8 @@ std::string AttemptCol(int64_t run, const std::string& stage, int attempt, const
 std::string JobState(const std::string& job) {
   return ShOutput("squeue -h -t all -j " + job + " -o %T");
 }
-// Every job Slurm has recorded for a stage (its accounting, jobcomp/filetxt), by job name.
+// Every job Slurm has recorded for a stage (its completion log, jobcomp/filetxt; slurmdbd has
+// them too), by job name.
 int JobsOfStage(int64_t run, const std::string& stage) {
   std::string prefix = "trnflow-r" + std::to_string(run) + "-s" + Query("SELECT " + StageId(run, stage)) + "-a";
   std::string out = ShOutput("sacct -c -n -P -S now-1day -o jobid,jobname");
@@ -222,15 +225,16 @@ TEST(Slurm, ARunStageSeesItsSlurmJobAndNodelist) {
 }
 
 // A two-node stage runs its command once on each node (srun, one task per node), in the same
-// namespaces as a one-node job, and the ranks meet: each writes its node and rank where both
-// can read, rank 0 reads both.
+// namespaces as a one-node job, and the ranks meet: each writes its node, rank and rendezvous
+// where both can read, and each reads the other's.
 TEST(Slurm, ATwoNodeStageRunsOneTaskPerNodeAndTheRanksMeet) {
   const std::string command =
       "d=$TRNFLOW_RUN_DIR/rendezvous; mkdir -p $d; "
       "echo \"$SLURMD_NODENAME rank=$RANK/$WORLD_SIZE node_rank=$NODE_RANK "
-      "master=$MASTER_ADDR:$MASTER_PORT host=$(hostname) uid=$(id -u)\" > $d/.$RANK && mv $d/.$RANK $d/$RANK; "
-      "if [ \"$RANK\" = 0 ]; then for i in $(seq 1 200); do [ -f $d/1 ] && break; sleep 0.05; done; "
-      "echo \"rank 0 read: $(cat $d/0) | $(cat $d/1)\"; fi";
+      "local=$LOCAL_RANK/$LOCAL_WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT host=$(hostname) "
+      "uid=$(id -u)\" > $d/.$RANK && mv $d/.$RANK $d/$RANK; "
+      "o=$((1 - RANK)); for i in $(seq 1 400); do [ -f $d/$o ] && break; sleep 0.05; done; "
+      "echo \"rank $RANK read: $(cat $d/$o)\"";
   auto r = RunTrnflow("run " + WriteTempFile("ranks.yaml",
                                              OneStage("slurm-ranks", command, "    count: 2\n")) +
                       " --speed 1 --executor slurm --format json");
@@ -242,12 +246,15 @@ TEST(Slurm, ATwoNodeStageRunsOneTaskPerNodeAndTheRanksMeet) {
   auto logs = RunTrnflow("logs " + std::to_string(run) + " work");
   std::string port = std::to_string(29500 + std::stoll(job) % 10000);
   std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
-  for (const std::string& rank :
-       {"node1 rank=0/2 node_rank=0 master=127.0.0.1:" + port + " host=trnflow-job uid=" + uid,
-        "node2 rank=1/2 node_rank=1 master=127.0.0.1:" + port + " host=trnflow-job uid=" + uid})
-    EXPECT_NE(logs.out.find(rank), std::string::npos) << rank << "\n" << logs.out;
-  EXPECT_NE(logs.out.find("rank 0 read: node1 rank=0/2"), std::string::npos) << logs.out;
-  EXPECT_NE(logs.out.find("| node2 rank=1/2"), std::string::npos) << logs.out;
+  // Each rank read the other's line: the same master, the other's node and rank.
+  EXPECT_NE(logs.out.find("rank 0 read: node2 rank=1/2 node_rank=1 local=0/1 master=127.0.0.1:" +
+                          port + " host=trnflow-job uid=" + uid),
+            std::string::npos)
+      << logs.out;
+  EXPECT_NE(logs.out.find("rank 1 read: node1 rank=0/2 node_rank=0 local=0/1 master=127.0.0.1:" +
+                          port + " host=trnflow-job uid=" + uid),
+            std::string::npos)
+      << logs.out;
 }
 
 // The operator's partition map: a stage of a mapped instance type goes to its partition with
@@ -278,10 +285,11 @@ TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
   EXPECT_NE(shown.find("TresPerNode=gres:neuron:2"), std::string::npos) << shown;
   EXPECT_NE(shown.find("Partition=batch"), std::string::npos) << shown;
   // Billed: what Slurm accounted (whole seconds; the wrapper's span refines it within one),
-  // at the run's speed, at trn1.32xlarge's price.
+  // at the run's speed, at trn1.32xlarge's price. The record: slurmdbd's (plain sacct, -X: the
+  // allocation, not its steps).
   double elapsed = -1;
   ASSERT_TRUE(WaitFor([&] {
-    std::string e = ShOutput("sacct -c -n -P -j " + job + " -o elapsed");
+    std::string e = ShOutput("sacct -X -n -P -j " + job + " -o elapsed");
     if (e.size() < 8) return false;
     elapsed = std::stoi(e.substr(0, 2)) * 3600 + std::stoi(e.substr(3, 2)) * 60 + std::stoi(e.substr(6, 2));
     return true;
@@ -290,7 +298,22 @@ TEST(Slurm, APartitionMapRequestsDevicesAndTheBillComesFromAccounting) {
                               StageId(run, "work"));
   EXPECT_GE(elapsed, 2);
   EXPECT_NEAR(billed / 60, elapsed, 1.0) << "billed " << billed << " s, accounted " << elapsed;
+  // From the source the cluster's own config names (scontrol show config), not an assumption:
+  // this cluster has slurmdbd (accounting_storage/slurmdbd) and a completion log too
+  // (jobcomp/filetxt, `sacct -c`), both with the job; the bill is slurmdbd's.
+  std::string acct_config =
+      ShOutput("scontrol show config | grep -E '^(AccountingStorageType|JobCompType) '");
+  ASSERT_NE(acct_config.find("accounting_storage/slurmdbd"), std::string::npos) << acct_config;
+  ASSERT_NE(acct_config.find("jobcomp/filetxt"), std::string::npos) << acct_config;
+  EXPECT_EQ(ShOutput("sacct -c -n -P -j " + job + " -o state"), "COMPLETED");
+  EXPECT_NE(r.err.find("AccountingStorageType=accounting_storage/slurmdbd, "
+                       "JobCompType=jobcomp/filetxt: billing from `sacct`, then `sacct -c`, else "
+                       "the wrapper's span"),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("Slurm job " + job + " accounted"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("node(s) (sacct)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(sacct -c)"), std::string::npos) << r.err;
   EXPECT_EQ(Query("SELECT instance_type FROM trnflow.attempts WHERE stage_id = " +
                   StageId(run, "work")),
             "trn1.32xlarge");
@@ -304,7 +327,8 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
   Daemon scheduler("array-scheduler", {"scheduler"}, DaemonEnv());
   scheduler.Start();
   std::string config = WriteTempFile("arrays.yaml",
-                                     "partitions: {}\nmax_array_size: 64\nmax_submit_jobs: 120\n");
+                                     "partitions: {}\nmax_array_size: 64\nmax_submit_jobs: 120\n"
+                                     "array_window: 2s\n");
   Daemon worker("array-worker",
                 {"worker", "--pool", "cpu=200", "--lease", "5s", "--executor", "slurm",
                  "--slurm-config", config},
@@ -396,6 +420,83 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
                   "trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id WHERE s.run_id = " +
                   std::to_string(run) + " AND NOT (a.billed_seconds >= 60 AND a.cost_usd > 0)"),
             "");
+}
+
+// Array tasks have what single jobs have: a worker killed mid-array is replaced and its
+// tasks adopted by the next attempts (found by the array's name and index, never submitted
+// again), and cancelling a run cancels its tasks in Slurm, each alone.
+TEST(Slurm, ArrayTasksAreAdoptedAfterAWorkerDiesAndCancelledWithTheirRun) {
+  Daemon scheduler("array-adopt-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  std::string config = WriteTempFile("adopt-arrays.yaml",
+                                     "partitions: {}\nmax_array_size: 10\narray_window: 3s\n");
+  auto first = SlurmWorker("array-adopt-worker-1", {"--slurm-config", config});
+  auto matrix = [](const std::string& pipeline, const std::string& command) {
+    return "pipeline: " + pipeline +
+           "\n"
+           "project: slurm-lab\n"
+           "stages:\n"
+           "  sweep:\n"
+           "    matrix: {i: [0, 1, 2]}\n"
+           "    shell: true\n"
+           "    run: '" + command + "'\n"
+           "    retry: {max_attempts: 2, backoff: {initial: 1s}}\n";
+  };
+  const std::vector<std::string> names = {"sweep[i=0]", "sweep[i=1]", "sweep[i=2]"};
+  int64_t run = Submit(matrix("slurm-array-adopt", "sleep 20; echo \"task ${{ matrix.i }} done\""),
+                       "array-adopt");
+  std::map<std::string, std::string> tasks;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& n : names) {
+      std::string job = AttemptCol(run, n, 1, "executor_job");
+      if (job.empty() || JobState(job) != "RUNNING") return false;
+      tasks[n] = job;
+    }
+    return true;
+  }, 60)) << ShOutput("squeue -h -r -t all -o '%i %j %T'");
+  for (const auto& [n, job] : tasks)
+    EXPECT_NE(job.find('_'), std::string::npos) << n << ": " << job << " is not an array task";
+  first->Kill(SIGKILL);
+  auto second = SlurmWorker("array-adopt-worker-2", {"--slurm-config", config});
+  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 120))
+      << RunState(run) << " " << AttemptCol(run, names[0], 2, "message");
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(AttemptCol(run, n, 1, "outcome"), "lost");
+    EXPECT_EQ(AttemptCol(run, n, 2, "outcome"), "succeeded");
+    EXPECT_EQ(AttemptCol(run, n, 2, "executor_job"), tasks[n]) << "attempt 2 did not adopt the task";
+    EXPECT_EQ(AttemptCol(run, n, 3, "attempt"), "");
+  }
+  // Slurm ran each task once: the arrays of the first attempts hold three tasks, all
+  // completed, and no other job was submitted for them.
+  std::set<std::string> arrays;
+  for (const auto& [n, job] : tasks) arrays.insert(job.substr(0, job.find('_')));
+  std::string ids;
+  for (const auto& a : arrays) ids += (ids.empty() ? "" : ",") + a;
+  EXPECT_EQ(ShOutput("squeue -h -r -t all -j " + ids + " -o %T | sort | uniq -c | tr -s ' '"),
+            " 3 COMPLETED");
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " 'sweep[i=1]'");
+  EXPECT_NE(logs.out.find("task 1 done"), std::string::npos) << logs.out << logs.err;
+
+  // Cancelled with its run: every task, running, in Slurm; every attempt cancelled.
+  int64_t doomed = Submit(matrix("slurm-array-cancel", "sleep 300"), "array-cancel");
+  std::map<std::string, std::string> doomed_tasks;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& n : names) {
+      std::string job = AttemptCol(doomed, n, 1, "executor_job");
+      if (job.empty() || JobState(job) != "RUNNING") return false;
+      doomed_tasks[n] = job;
+    }
+    return true;
+  }, 60)) << ShOutput("squeue -h -r -t all -o '%i %j %T'");
+  EXPECT_EQ(RunTrnflow("cancel " + std::to_string(doomed)).exit_code, 0);
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    EXPECT_TRUE(WaitFor([&] { return JobState(doomed_tasks[n]) == "CANCELLED"; }, 30))
+        << JobState(doomed_tasks[n]);
+    EXPECT_TRUE(WaitFor([&] { return AttemptCol(doomed, n, 1, "outcome") == "cancelled"; }, 30))
+        << AttemptCol(doomed, n, 1, "outcome") << " " << AttemptCol(doomed, n, 1, "message");
+  }
 }
 
 // The wrapper runs as root on the node. It used to write its bookkeeping (begin, exit: what
@@ -598,7 +699,17 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   ShOutput("scontrol update nodename=" + node + " state=resume");
   std::string seen;  // the states seen, for the failure message
   EXPECT_TRUE(WaitFor([&] {
-    // The controller's own record of the node (sinfo -n filters by partition line too).
+    // The controller's own record of the node, not `sinfo -n NODE`: with one node name sinfo
+    // asks for that node alone (REQUEST_NODE_INFO_SINGLE), and slurmctld (22.05,
+    // _slurm_rpc_dump_node_single in proc_req.c) answers it without refreshing the nodes'
+    // allocated-CPU counts (select_g_select_nodeinfo_set_all is `#if 0`'d there as too slow);
+    // sinfo then shows MIXED from the count of the last full node query, taken while the job
+    // ran, until something asks for all nodes (an unfiltered sinfo, or scontrol show node,
+    // which loads every node and filters itself). So `sinfo -n` printed mix for a node that
+    // was idle, for as long as nobody else asked. Reproduced on ops/slurm.sh's cluster: a
+    // one-CPU job on node1, a plain `sinfo -N` while it runs (node1 mix), the job ends:
+    // `sinfo -h -N -n node1 -o %t` says mix, `scontrol show node node1` IDLE, and after that
+    // (a full query) `sinfo -n node1` says idle too.
     std::string st = ShOutput("scontrol show node " + node + " | grep -o 'State=[A-Z+_]*'");
     if (seen.size() < 400) seen += st + " ";
     return st == "State=IDLE";

@@ -259,6 +259,100 @@ TEST(SlurmPartitions, BadFilesAreNamedWithTheirPlaceAndTheFix) {
   EXPECT_TRUE(parts.empty());
 }
 
+// The array limits and the window beside `partitions:`, with their defaults and bad values.
+TEST(SlurmPartitions, ArrayLimitsAndTheWindowAreConfigured) {
+  std::vector<Partition> parts;
+  ArrayLimits lim;
+  ASSERT_EQ(ParsePartitions("partitions: {}\n", "a.yaml", &parts, &lim), "");
+  EXPECT_EQ(lim.max_array_size, 1000);
+  EXPECT_EQ(lim.max_submit_jobs, 0);
+  EXPECT_DOUBLE_EQ(lim.window_s, 1);
+  ASSERT_EQ(ParsePartitions("partitions: {}\nmax_array_size: 64\nmax_submit_jobs: 120\n"
+                            "array_window: 2.5s\n",
+                            "a.yaml", &parts, &lim),
+            "");
+  EXPECT_EQ(lim.max_array_size, 64);
+  EXPECT_EQ(lim.max_submit_jobs, 120);
+  EXPECT_DOUBLE_EQ(lim.window_s, 2.5);
+  EXPECT_EQ(ParsePartitions("partitions: {}\narray_window: 1h\n", "a.yaml", &parts, &lim),
+            "a.yaml:2:15: `array_window`: expected a duration above 0 and at most 10m (e.g. 2s): "
+            "how long a batch of matrix expansions gathers before its sbatch");
+  EXPECT_EQ(ParsePartitions("partitions: {}\narray_window: soon\n", "a.yaml", &parts, &lim)
+                .substr(0, 14),
+            "a.yaml:2:15: `");
+  EXPECT_EQ(ParsePartitions("partitions: {}\nmax_array_size: 0\n", "a.yaml", &parts, &lim),
+            "a.yaml:2:17: `max_array_size`: expected a whole number from 1 to 1000000 (below the "
+            "cluster's MaxArraySize; 1: no arrays)");
+  EXPECT_EQ(ParsePartitions("partitions: {}\narray_windw: 2s\n", "a.yaml", &parts, &lim),
+            "a.yaml:2:1: unknown key `array_windw`; the file has `partitions:`, `max_array_size:`, "
+            "`max_submit_jobs:` and `array_window:`");
+}
+
+// Where billing reads a finished job, from `scontrol show config`: the accounting storage
+// (slurmdbd) first, then the completion log sacct -c reads, then none. The first two texts are
+// captured from ops/slurm.sh's cluster (Slurm 22.05), with slurmdbd and, before it had one,
+// without; the others are written in the same "Key = value" form. (The real-cluster billing
+// test shows the slurmdbd path end to end.)
+TEST(SlurmBilling, TheSourcesFollowTheClustersAccountingConfig) {
+  using Sources = std::vector<std::vector<std::string>>;
+  const std::string test_cluster =
+      "AccountingStorageBackupHost = (null)\n"
+      "AccountingStorageEnforce = none\n"
+      "AccountingStorageHost   = localhost\n"
+      "AccountingStorageExternalHost = (null)\n"
+      "AccountingStorageParameters = (null)\n"
+      "AccountingStoragePort   = 19503\n"
+      "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages\n"
+      "AccountingStorageType   = accounting_storage/slurmdbd\n"
+      "AccountingStorageUser   = N/A\n"
+      "JobCompHost             = localhost\n"
+      "JobCompLoc              = /var/tmp/trnflow-slurm/log/jobcomp.txt\n"
+      "JobCompPort             = 0\n"
+      "JobCompType             = jobcomp/filetxt\n"
+      "JobCompUser             = root\n";
+  AccountingConfig c = ParseAccountingConfig(test_cluster);
+  EXPECT_TRUE(c.known);
+  EXPECT_EQ(c.storage_type, "accounting_storage/slurmdbd");
+  EXPECT_EQ(c.jobcomp_type, "jobcomp/filetxt");
+  // Both: slurmdbd first, the completion log when slurmdbd has no record (yet).
+  EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}, {"sacct", "-c"}}));
+  // No slurmdbd, a completion log only: sacct -c.
+  const std::string jobcomp_only =
+      "Configuration data as of 2026-11-27T18:17:41\n"
+      "AccountingStorageBackupHost = (null)\n"
+      "AccountingStorageEnforce = none\n"
+      "AccountingStorageHost   = localhost\n"
+      "AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages\n"
+      "AccountingStorageType   = accounting_storage/none\n"
+      "JobCompHost             = localhost\n"
+      "JobCompLoc              = /var/tmp/trnflow-slurm/log/jobcomp.txt\n"
+      "JobCompType             = jobcomp/filetxt\n";
+  c = ParseAccountingConfig(jobcomp_only);
+  EXPECT_TRUE(c.known);
+  EXPECT_EQ(c.storage_type, "accounting_storage/none");
+  EXPECT_EQ(c.jobcomp_type, "jobcomp/filetxt");
+  EXPECT_EQ(AccountingSources(c), (Sources{{"sacct", "-c"}}));
+  // A ParallelCluster head node: slurmdbd, no completion log: plain sacct only.
+  c = ParseAccountingConfig(
+      "AccountingStorageType   = accounting_storage/slurmdbd\nJobCompType             = (null)\n");
+  EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}}));
+  // slurmdbd and a completion log in MySQL: the same order.
+  c = ParseAccountingConfig(
+      "AccountingStorageType = accounting_storage/slurmdbd\nJobCompType = jobcomp/mysql\n");
+  EXPECT_EQ(AccountingSources(c), (Sources{{"sacct"}, {"sacct", "-c"}}));
+  // Accounting off (or a completion plugin sacct -c cannot read): nothing to ask; the span.
+  EXPECT_EQ(AccountingSources(ParseAccountingConfig(
+                "AccountingStorageType = accounting_storage/none\nJobCompType = jobcomp/none\n")),
+            Sources{});
+  EXPECT_EQ(AccountingSources(ParseAccountingConfig(
+                "AccountingStorageType = accounting_storage/none\n"
+                "JobCompType = jobcomp/elasticsearch\n")),
+            Sources{});
+  // scontrol did not answer: try both, in that order.
+  EXPECT_FALSE(ParseAccountingConfig("").known);
+  EXPECT_EQ(AccountingSources(ParseAccountingConfig("")), (Sources{{"sacct"}, {"sacct", "-c"}}));
+}
+
 // The bill: Slurm's accounting; the wrapper's finer span only within its one second.
 TEST(SlurmBilling, AccountingIsTheSourceAndTheSpanOnlyRefinesIt) {
   JobState acct;
