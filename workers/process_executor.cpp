@@ -402,13 +402,17 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   double term_sent_at = -1, term_sent_sim = -1;
   while (child.running(ec)) {
     double now = wall(), sim_now = now * ctx.speed;
+    // The timeout is noted before the cap: a late poll that finds the clock past both ends a
+    // timeout, when the timeout came first on the run's clock (a cap short of the timeout is
+    // the budget running out).
+    timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s &&
+                              ctx.spec.timeout_s < ctx.spend_cap_s);
     if (sim_now >= ctx.spend_cap_s) {
       capped = true;
       procs.Kill();
       break;
     }
     bool stop = ctx.stop_reason() != StopReason::kNone;
-    timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s);
     noticed = noticed || sim_now >= notice_at;
     if ((stop || timed_out || noticed) && term_sent_at < 0) {
       procs.Terminate();
