@@ -42,23 +42,32 @@ std::string StateWord(const std::string& field, int* by) {
   return s.substr(0, sp);
 }
 
-}  // namespace
-
-std::map<std::string, JobState> ParseSqueue(const std::string& out) {
+// The jobs of `out`, one per '|'-separated line of at most `fields` fields: `fill` reads a line's
+// fields into its job (id and state already read) or refuses the line (false).
+template <typename Fill>
+std::map<std::string, JobState> ParseJobLines(const std::string& out, size_t fields, Fill fill) {
   std::map<std::string, JobState> jobs;
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);) {
     line = Trim(line);
     if (line.empty()) continue;
-    auto f = Split(line, '|', 3);
+    auto f = Split(line, '|', fields);
     if (f.size() < 2 || f[0].empty()) continue;
     JobState j;
     j.id = Trim(f[0]);
     j.state = StateWord(f[1], &j.cancelled_by);
-    if (f.size() > 2) j.reason = Trim(f[2]);
-    jobs[j.id] = j;
+    if (fill(f, j)) jobs[j.id] = j;
   }
   return jobs;
+}
+
+}  // namespace
+
+std::map<std::string, JobState> ParseSqueue(const std::string& out) {
+  return ParseJobLines(out, 3, [](const std::vector<std::string>& f, JobState& j) {
+    if (f.size() > 2) j.reason = Trim(f[2]);
+    return true;
+  });
 }
 
 double ParseSlurmDuration(const std::string& text) {
@@ -83,16 +92,8 @@ double ParseSlurmDuration(const std::string& text) {
 }
 
 std::map<std::string, JobState> ParseSacct(const std::string& out) {
-  std::map<std::string, JobState> jobs;
-  std::istringstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    line = Trim(line);
-    if (line.empty()) continue;
-    auto f = Split(line, '|', 5);
-    if (f.size() < 5 || f[0].find('.') != std::string::npos) continue;  // a step
-    JobState j;
-    j.id = Trim(f[0]);
-    j.state = StateWord(f[1], &j.cancelled_by);
+  return ParseJobLines(out, 5, [](const std::vector<std::string>& f, JobState& j) {
+    if (f.size() < 5 || f[0].find('.') != std::string::npos) return false;  // a step
     j.elapsed_s = ParseSlurmDuration(f[2]);
     j.nodes = std::atoi(f[3].c_str());
     std::string code = Trim(f[4]);
@@ -100,9 +101,8 @@ std::map<std::string, JobState> ParseSacct(const std::string& out) {
       j.exit_code = std::atoi(code.substr(0, colon).c_str());
       j.exit_signal = std::atoi(code.substr(colon + 1).c_str());
     }
-    jobs[j.id] = j;
-  }
-  return jobs;
+    return true;
+  });
 }
 
 WrapperFiles ParseWrapperFiles(const std::optional<std::string>& begin, bool notice,
