@@ -15,6 +15,7 @@
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
 #include "schema/run_view.h"
+#include "serve/server.h"
 
 namespace trnflow::cli {
 
@@ -73,16 +74,12 @@ struct ScheduleUpdateArgs {
 // `trnflow serve` (docs/serve.md).
 struct ServeArgs {
   std::string listen = "127.0.0.1:8080";
-  std::string auth = "local";                    // local | proxy
-  std::string user_header = "X-Forwarded-User";  // --auth proxy: who the request is
+  std::string auth = "local";     // local | proxy
   std::string token_file;         // --auth local; default CONFIG_DIR/serve.token
   std::string proxy_secret_file;  // --auth proxy; default CONFIG_DIR/serve-proxy.secret
-  std::vector<std::string> allowed_hosts;  // Host names besides the listen address
-  double header_timeout_s = 10;            // a request's line and headers, at most
-  int max_pending_per_client = 16;         // unauthenticated connections per client address
-  int max_clients = 64;                          // event streams at once
-  double heartbeat_s = 15;                       // event stream comment lines when idle
-  double stream_lifetime_s = 300;                // then the browser reconnects and resumes
+  // --user-header, --allowed-host and the limits, bound straight into the server's options
+  // (their defaults are serve::Options'); the rest of them CmdServe fills in.
+  serve::Options options;
 };
 
 struct SpendArgs {

@@ -232,19 +232,12 @@ int CmdWorkersForget(const std::string& which, const std::string& format) {
 }
 
 int CmdServe(const ServeArgs& a) {
-  serve::Options o;
+  serve::Options o = a.options;
   serve::ParseListen(a.listen, o);
   o.auth = a.auth == "proxy" ? serve::Auth::kProxy : serve::Auth::kLocal;
-  o.user_header = a.user_header;
   o.token_file = a.token_file.empty() ? ConfigDir() + "/serve.token" : a.token_file;
   o.proxy_secret_file =
       a.proxy_secret_file.empty() ? ConfigDir() + "/serve-proxy.secret" : a.proxy_secret_file;
-  o.allowed_hosts = a.allowed_hosts;
-  o.header_timeout_s = a.header_timeout_s;
-  o.max_pending_per_client = a.max_pending_per_client;
-  o.max_clients = a.max_clients;
-  o.heartbeat_s = a.heartbeat_s;
-  o.stream_lifetime_s = a.stream_lifetime_s;
   o.database_url = DatabaseUrl();
   OpenCatalog();  // the schema is this binary's, or the error says what to run
   o.views["runs"] = [](schema::Catalog& c, const serve::ApiRequest& r) {

@@ -489,7 +489,7 @@ int main(int argc, char** argv) {
                         "only) or proxy (a reverse proxy adds the secret in --proxy-secret-file "
                         "and names the user in --user-header; docs/serve.md)")
       ->check(CLI::IsMember({"local", "proxy"}));
-  serve_cmd->add_option("--user-header", serve_args.user_header,
+  serve_cmd->add_option("--user-header", serve_args.options.user_header,
                         "--auth proxy: the header naming the PostgreSQL role (default "
                         "X-Forwarded-User)");
   serve_cmd->add_option("--token-file", serve_args.token_file,
@@ -498,23 +498,23 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--proxy-secret-file", serve_args.proxy_secret_file,
                         "--auth proxy: the secret the proxy sends in X-Trnflow-Proxy-Secret "
                         "(made, mode 0600, when missing; default /etc/trnflow/serve-proxy.secret)");
-  serve_cmd->add_option("--allowed-host", serve_args.allowed_hosts,
+  serve_cmd->add_option("--allowed-host", serve_args.options.allowed_hosts,
                         "a Host name requests may give besides the listen address (and "
                         "localhost on loopback); repeat for more");
-  serve_cmd->add_option("--header-timeout", serve_args.header_timeout_s,
+  serve_cmd->add_option("--header-timeout", serve_args.options.header_timeout_s,
                         "seconds a request's line and headers may take to arrive (default 10)")
       ->check(FiniteRange(0.5, 300));
-  serve_cmd->add_option("--max-pending-per-client", serve_args.max_pending_per_client,
+  serve_cmd->add_option("--max-pending-per-client", serve_args.options.max_pending_per_client,
                         "connections from one address that have not yet presented the token or "
                         "the proxy secret, at once; more get 429 (default 16)")
       ->check(CLI::Range(1, 4096));
-  serve_cmd->add_option("--max-clients", serve_args.max_clients,
+  serve_cmd->add_option("--max-clients", serve_args.options.max_clients,
                         "live event streams at once (default 64)")
       ->check(CLI::Range(1, 4096));
-  serve_cmd->add_option("--heartbeat", serve_args.heartbeat_s,
+  serve_cmd->add_option("--heartbeat", serve_args.options.heartbeat_s,
                         "seconds between keep-alive lines on an idle event stream (default 15)")
       ->check(FiniteRange(0.1, 300));
-  serve_cmd->add_option("--stream-lifetime", serve_args.stream_lifetime_s,
+  serve_cmd->add_option("--stream-lifetime", serve_args.options.stream_lifetime_s,
                         "seconds an event stream lasts before the browser reconnects and resumes "
                         "from its last event (default 300)")
       ->check(FiniteRange(1, 86400));
