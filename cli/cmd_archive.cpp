@@ -65,7 +65,8 @@ int CmdDbArchive(const ArchiveArgs& args) {
   std::string file = args.file.empty() ? "trnflow-attempts-" + plan.month + ".dump" : args.file;
   std::error_code ec;
   if (std::filesystem::exists(file, ec))
-    throw UserError("--file " + file + ": the file exists; archive to another (--file F) or move "
+    throw UserError("--file " + file +
+                    ": the file exists; archive to another (--file F) or move "
                     "it away first (an archive is never overwritten)");
   std::string table = "trnflow." + plan.partition;
   std::string what = std::to_string(plan.attempts) + " attempts of " + plan.month + " (" + table +
@@ -73,8 +74,7 @@ int CmdDbArchive(const ArchiveArgs& args) {
   if (args.del.dry_run) {
     std::cout << "would dump " << what << " to " << file << " (pg_dump --format=custom), check it "
               << "with pg_restore --list, then "
-              << (args.keep ? "keep the partition (--keep)"
-                            : "detach and drop the partition")
+              << (args.keep ? "keep the partition (--keep)" : "detach and drop the partition")
               << "\ndry run: nothing was written or dropped\n";
     return kExitOk;
   }
@@ -86,8 +86,8 @@ int CmdDbArchive(const ArchiveArgs& args) {
 
   std::string tmp = file + ".partial";
   std::filesystem::remove(tmp, ec);
-  ToolResult dump = RunTool({"pg_dump", "--format=custom", "--table=" + table, "--file=" + tmp,
-                             "--dbname=" + url});
+  ToolResult dump = RunTool(
+      {"pg_dump", "--format=custom", "--table=" + table, "--file=" + tmp, "--dbname=" + url});
   if (dump.status != 0) {
     std::filesystem::remove(tmp, ec);
     throw UserError("pg_dump of " + table + " failed (exit " + std::to_string(dump.status) +

@@ -49,11 +49,14 @@ ArchivePlan PlanArchive(const std::string& owner_url, const std::string& month) 
     pqxx::nontransaction nt(c);
     plan.database = nt.exec("SELECT current_database()")[0][0].as<std::string>();
     if (nt.exec("SELECT to_regclass('trnflow.attempts') IS NULL")[0][0].as<bool>())
-      throw UserError("database " + plan.database + " holds no trnflow catalog: run `trnflow db "
+      throw UserError("database " + plan.database +
+                      " holds no trnflow catalog: run `trnflow db "
                       "migrate` first");
-    if (nt.exec("SELECT relkind <> 'p' FROM pg_class WHERE oid = 'trnflow.attempts'::regclass")[0][0]
+    if (nt.exec(
+              "SELECT relkind <> 'p' FROM pg_class WHERE oid = 'trnflow.attempts'::regclass")[0][0]
             .as<bool>())
-      throw UserError("the ledger of " + plan.database + " is not partitioned by month yet "
+      throw UserError("the ledger of " + plan.database +
+                      " is not partitioned by month yet "
                       "(migration 0031): run `trnflow db migrate` first");
     std::string this_month =
         nt.exec("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')")[0][0].as<std::string>();
@@ -71,23 +74,24 @@ ArchivePlan PlanArchive(const std::string& owner_url, const std::string& month) 
         plan.partition);
     if (part.empty()) {
       std::string have;
-      for (const auto& row : nt.exec(
-               "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-               "WHERE i.inhparent = 'trnflow.attempts'::regclass AND c.relname ~ "
-               "'^attempts_[0-9]{4}_[0-9]{2}$' ORDER BY 1 LIMIT 3"))
+      for (const auto& row :
+           nt.exec("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                   "WHERE i.inhparent = 'trnflow.attempts'::regclass AND c.relname ~ "
+                   "'^attempts_[0-9]{4}_[0-9]{2}$' ORDER BY 1 LIMIT 3"))
         have += (have.empty() ? "" : ", ") + row[0].as<std::string>();
       throw UserError("--month " + month + ": the ledger has no partition trnflow." +
                       plan.partition + " (archived already, or before the first month" +
                       (have.empty() ? std::string(")") : "; the oldest are " + have + ")"));
     }
-    plan.attempts = nt.exec("SELECT count(*) FROM trnflow." + c.quote_name(plan.partition))[0][0]
-                        .as<int64_t>();
-    plan.open_attempts =
-        nt.exec_params(kOpenAttempts, plan.from, plan.to)[0][0].as<int64_t>();
+    plan.attempts =
+        nt.exec("SELECT count(*) FROM trnflow." + c.quote_name(plan.partition))[0][0].as<int64_t>();
+    plan.open_attempts = nt.exec_params(kOpenAttempts, plan.from, plan.to)[0][0].as<int64_t>();
     if (plan.open_attempts > 0)
       throw UserError("--month " + month + ": " + std::to_string(plan.open_attempts) +
                       " attempts that started then are still open; their ledger rows go into "
-                      "trnflow." + plan.partition + " when they close. Archive it once they "
+                      "trnflow." +
+                      plan.partition +
+                      " when they close. Archive it once they "
                       "have (`trnflow runs --state running`)");
   } catch (const pqxx::broken_connection& e) {
     throw CatalogUnavailable("cannot reach the catalog at " + RedactUrl(owner_url) + ": " +
@@ -108,9 +112,12 @@ void DropArchivedPartition(const std::string& owner_url, const ArchivePlan& plan
     int64_t open = tx.exec_params(kOpenAttempts, plan.from, plan.to)[0][0].as<int64_t>();
     int64_t rows = tx.exec("SELECT count(*) FROM " + table)[0][0].as<int64_t>();
     if (open > 0 || rows != plan.attempts)
-      throw UserError("--month " + plan.month + ": trnflow." + plan.partition + " changed while "
-                      "it was dumped (" + std::to_string(plan.attempts) + " attempts then, " +
-                      std::to_string(rows) + " now, " + std::to_string(open) + " open); "
+      throw UserError("--month " + plan.month + ": trnflow." + plan.partition +
+                      " changed while "
+                      "it was dumped (" +
+                      std::to_string(plan.attempts) + " attempts then, " + std::to_string(rows) +
+                      " now, " + std::to_string(open) +
+                      " open); "
                       "nothing was dropped: run the archive again");
     tx.exec("ALTER TABLE trnflow.attempts DETACH PARTITION " + table);
     tx.exec("DROP TABLE " + table);

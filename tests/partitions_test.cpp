@@ -48,9 +48,10 @@ int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p) {
 
 // The first day of the UTC month `back` months before this one, as PostgreSQL reads it.
 std::string MonthStart(schema::Catalog& owner, int back) {
-  return owner.QueryValue("SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - "
-                          "interval '" +
-                          std::to_string(back) + " months', 'YYYY-MM-DD')");
+  return owner.QueryValue(
+      "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - "
+      "interval '" +
+      std::to_string(back) + " months', 'YYYY-MM-DD')");
 }
 
 // Copies of run's closed attempts into the month starting on `first_day` (later attempt
@@ -120,15 +121,16 @@ TEST(Partitions, RowsLandInTheirMonthsPartitionAndTheRollupsSeeThem) {
                              " AND (SELECT c.relname FROM pg_class c WHERE c.oid = a.tableoid) <> "
                              "'attempts_' || to_char(a.started_at AT TIME ZONE 'UTC', 'YYYY_MM')"),
             "0");
-  EXPECT_EQ(owner.QueryValue("SELECT count(DISTINCT tableoid) FROM trnflow.attempts WHERE run_id = " +
-                             r),
-            "2");
+  EXPECT_EQ(
+      owner.QueryValue("SELECT count(DISTINCT tableoid) FROM trnflow.attempts WHERE run_id = " + r),
+      "2");
   EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts_default WHERE run_id = " + r),
             "0");
   // The statement triggers on the partitioned table counted both months' rows: the monthly
   // rollup and the ledger agree, as do the /metrics counters.
-  EXPECT_EQ(owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'land'"),
-            owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = " + r));
+  EXPECT_EQ(
+      owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'land'"),
+      owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = " + r));
   EXPECT_EQ(owner.QueryValue("SELECT count(DISTINCT month) FROM trnflow.spend_month WHERE "
                              "project = 'land'"),
             "2");
@@ -136,12 +138,13 @@ TEST(Partitions, RowsLandInTheirMonthsPartitionAndTheRollupsSeeThem) {
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + r),
             owner.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r));
   // A partition is append-only by itself too.
-  std::string part = owner.QueryValue("SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
-                                      "'UTC', 'YYYY_MM')");
+  std::string part = owner.QueryValue(
+      "SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
+      "'UTC', 'YYYY_MM')");
   EXPECT_ANY_THROW(owner.QueryValue("UPDATE " + part + " SET cost_usd = 0 RETURNING 1"));
   EXPECT_ANY_THROW(owner.QueryValue("DELETE FROM " + part + " RETURNING 1"));
-  EXPECT_ANY_THROW(owner.QueryValue("UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " +
-                                    r + " RETURNING 1"));
+  EXPECT_ANY_THROW(owner.QueryValue("UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " + r +
+                                    " RETURNING 1"));
 }
 
 // The close writes the ledger row with the id and started_at the claim put on the stage row,
@@ -150,10 +153,11 @@ TEST(Partitions, RowsLandInTheirMonthsPartitionAndTheRollupsSeeThem) {
 TEST(Partitions, ADuplicateCloseIsRefusedThroughThePartitionedTable) {
   schema::Catalog c(TestDatabase::url());
   schema::Catalog owner(TestDatabase::owner_url());
-  auto p = MustParse("pipeline: dup\nproject: lab\nstages:\n"
-                     "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
-                     "cache: false}\n",
-                     "dup");
+  auto p = MustParse(
+      "pipeline: dup\nproject: lab\nstages:\n"
+      "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
+      "cache: false}\n",
+      "dup");
   int64_t run = c.SubmitRun(p, testing::FastSubmit(1e6));
   const std::string me = "00000000-0000-4000-8000-000000000036";
   auto claimed = c.ClaimReadyStages("trn1", 4, me, "test:36", 30, run);
@@ -176,7 +180,8 @@ TEST(Partitions, ADuplicateCloseIsRefusedThroughThePartitionedTable) {
   // lost update), then the same close again. The ledger's keys refuse the second row.
   owner.QueryValue("UPDATE trnflow.stages SET state = 'running', lease_owner = '" + me +
                    "', lease_expires_at = now() + interval '1 minute', finished_at = NULL "
-                   "WHERE id = " + s + " RETURNING 1");
+                   "WHERE id = " +
+                   s + " RETURNING 1");
   EXPECT_ANY_THROW(c.CompleteAttempts({res}));
   EXPECT_EQ(ledger_rows(), "1");
   // The same row written directly, by the daemons' login, in either key.
@@ -191,15 +196,16 @@ TEST(Partitions, ADuplicateCloseIsRefusedThroughThePartitionedTable) {
   EXPECT_EQ(ledger_rows(), "1");
   EXPECT_EQ(owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'dup'"),
             "2.000000");
-  owner.QueryValue("UPDATE trnflow.stages SET state = 'succeeded', lease_owner = NULL, "
-                   "lease_expires_at = NULL, finished_at = now() WHERE id = " + s + " RETURNING 1");
+  owner.QueryValue(
+      "UPDATE trnflow.stages SET state = 'succeeded', lease_owner = NULL, "
+      "lease_expires_at = NULL, finished_at = now() WHERE id = " +
+      s + " RETURNING 1");
 }
 
 TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
   schema::Catalog c(TestDatabase::url());
   schema::Catalog owner(TestDatabase::owner_url());
-  for (int bad : {-1, 25, 1000})
-    EXPECT_ANY_THROW(c.MakeAttemptsPartitionsAhead(bad)) << bad;
+  for (int bad : {-1, 25, 1000}) EXPECT_ANY_THROW(c.MakeAttemptsPartitionsAhead(bad)) << bad;
   try {
     c.QueryValue("SELECT trnflow.attempts_partitions_ahead(NULL)");
     ADD_FAILURE() << "NULL accepted";
@@ -209,8 +215,9 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
   EXPECT_GE(c.MakeAttemptsPartitionsAhead(3), 0);
   EXPECT_EQ(c.MakeAttemptsPartitionsAhead(3), 0);  // all there now
   EXPECT_EQ(c.MakeAttemptsPartitionsAhead(6), 3);
-  std::string far = owner.QueryValue("SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
-                                     "'UTC' + interval '6 months', 'YYYY_MM')");
+  std::string far = owner.QueryValue(
+      "SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
+      "'UTC' + interval '6 months', 'YYYY_MM')");
   EXPECT_EQ(owner.QueryValue("SELECT to_regclass('" + far + "') IS NOT NULL"), "t");
   EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM pg_trigger WHERE tgrelid = '" + far +
                              "'::regclass AND tgname = 'attempts_closed_once'"),
@@ -262,10 +269,9 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   // Refused, exit 2, nothing written: malformed months, the current month, one to come, one
   // without a partition.
   std::string file = TempPath("archive.dump");
-  std::string this_month =
-      owner.QueryValue("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')");
-  std::string next_month = owner.QueryValue(
-      "SELECT to_char(now() AT TIME ZONE 'UTC' + interval '1 month', 'YYYY-MM')");
+  std::string this_month = owner.QueryValue("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')");
+  std::string next_month =
+      owner.QueryValue("SELECT to_char(now() AT TIME ZONE 'UTC' + interval '1 month', 'YYYY-MM')");
   for (const auto& [m, says] : std::vector<std::pair<std::string, std::string>>{
            {"2025-13", "expected a UTC month as YYYY-MM"},
            {"2025/11", "expected a UTC month as YYYY-MM"},
@@ -319,13 +325,14 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   // attached; the partition comes back under the ledger, rows and all, without counting them
   // twice.
   std::string url = TestDatabase::owner_url();
-  CliResult restore = Sh("pg_restore --list " + file + " | grep -v ' ATTACH ' > " + file +
-                         ".list && pg_restore --no-owner --exit-on-error --use-list=" + file +
-                         ".list --dbname='" + url + "' " + file + " 2>&1 && psql -X -q '" + url +
-                         "' -c \"ALTER TABLE trnflow.attempts ATTACH PARTITION " + part +
-                         " FOR VALUES FROM ('" + first_day + " 00:00:00+00') TO ('" +
-                         owner.QueryValue("SELECT (DATE '" + first_day + "' + interval '1 month')::date") +
-                         " 00:00:00+00')\" 2>&1");
+  CliResult restore =
+      Sh("pg_restore --list " + file + " | grep -v ' ATTACH ' > " + file +
+         ".list && pg_restore --no-owner --exit-on-error --use-list=" + file + ".list --dbname='" +
+         url + "' " + file + " 2>&1 && psql -X -q '" + url +
+         "' -c \"ALTER TABLE trnflow.attempts ATTACH PARTITION " + part + " FOR VALUES FROM ('" +
+         first_day + " 00:00:00+00') TO ('" +
+         owner.QueryValue("SELECT (DATE '" + first_day + "' + interval '1 month')::date") +
+         " 00:00:00+00')\" 2>&1");
   EXPECT_EQ(restore.exit_code, 0) << restore.out;
   EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts"), total);
   EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE tableoid = '" + part +
@@ -342,10 +349,11 @@ TEST(Partitions, ArchiveRefusesAMonthWithAnOpenAttempt) {
   std::string first_day = MonthStart(owner, 3);
   std::string month = first_day.substr(0, 7);
   owner.QueryValue("SELECT trnflow.attempts_make_partition(DATE '" + first_day + "')");
-  auto p = MustParse("pipeline: open\nproject: lab\nstages:\n"
-                     "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
-                     "cache: false}\n",
-                     "open");
+  auto p = MustParse(
+      "pipeline: open\nproject: lab\nstages:\n"
+      "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
+      "cache: false}\n",
+      "open");
   int64_t run = c.SubmitRun(p, testing::FastSubmit(1e6));
   const std::string me = "00000000-0000-4000-8000-000000000037";
   auto claimed = c.ClaimReadyStages("trn1", 4, me, "test:37", 300, run);
@@ -378,6 +386,7 @@ TEST(Partitions, ArchiveRefusesAMonthWithAnOpenAttempt) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new trnflow::testing::TestDatabase("trnflow_partitions_test"));
+  ::testing::AddGlobalTestEnvironment(
+      new trnflow::testing::TestDatabase("trnflow_partitions_test"));
   return RUN_ALL_TESTS();
 }
