@@ -40,6 +40,17 @@ int CmdModels(const std::string& format);
 // `job_uid_range`: "START-END" to set this catalog's job uid range, "" to keep it.
 int CmdDbMigrate(const std::string& job_uid_range);
 int CmdDbDrop(const DeleteArgs& del);
+// `trnflow db archive --month YYYY-MM`: pg_dump of the month's ledger partition to `file`
+// (default trnflow-attempts-YYYY-MM.dump), checked with pg_restore --list, then the partition
+// detached and dropped unless `keep`. Throws UserError (exit 2, nothing dropped) for a
+// malformed, current, future or unpartitioned month, an open attempt of it, or a failed dump.
+struct ArchiveArgs {
+  std::string month;
+  std::string file;
+  bool keep = false;
+  DeleteArgs del;
+};
+int CmdDbArchive(const ArchiveArgs& args);
 int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
 // Runs one simulated attempt described by DIR/context.json in this process, printing
 // ::progress and ::checkpoint lines, and writes DIR/result.json: what a Slurm job runs for a

@@ -442,6 +442,16 @@ int main(int argc, char** argv) {
               "nor people's logins)");
   DeleteArgs db_drop_args;
   AddDeleteOptions(db_drop, db_drop_args);
+  auto* db_archive = db->add_subcommand(
+      "archive", "dump one past UTC month of the ledger (its partition) to a file, check the "
+                 "file, then drop the month from the catalog");
+  ArchiveArgs archive_args;
+  db_archive->add_option("--month", archive_args.month, "the month, YYYY-MM (UTC; a past month)")
+      ->required();
+  db_archive->add_option("--file", archive_args.file,
+                         "the dump (pg_dump --format=custom); default trnflow-attempts-YYYY-MM.dump");
+  db_archive->add_flag("--keep", archive_args.keep, "dump and check only; keep the partition");
+  AddDeleteOptions(db_archive, archive_args.del);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
   std::string job_uid_range;
   migrate->add_option("--job-uid-range", job_uid_range,
@@ -555,6 +565,7 @@ int main(int argc, char** argv) {
     if (models->parsed()) return CmdModels(models_format);
     if (migrate->parsed()) return CmdDbMigrate(job_uid_range);
     if (db_drop->parsed()) return CmdDbDrop(db_drop_args);
+    if (db_archive->parsed()) return CmdDbArchive(archive_args);
     if (spend->parsed()) return CmdSpend(spend_args);
     if (events->parsed()) return CmdEvents(events_args);
     if (sched_add->parsed()) return CmdScheduleAdd(sched_args);

@@ -256,6 +256,11 @@ void Scheduler::Loop() {
            Logger("scheduler.cron")->info("fired runs={}", n);
        }},
       {"budget", options_.budget_every_s, [&](schema::Catalog& c) { GuardBudgets(c); }},
+      {"partitions", options_.partitions_every_s,
+       [&](schema::Catalog& c) {
+         if (int n = c.MakeAttemptsPartitionsAhead(options_.partitions_ahead))
+           Logger("scheduler.partitions")->info("made ledger partitions={}", n);
+       }},
       {"finisher", options_.finish_every_s,
        [&](schema::Catalog& c) {
          for (int64_t id : c.FinishRuns())

@@ -39,6 +39,10 @@ struct SchedulerOptions {
   double finish_every_s = 2.0;
   double budget_every_s = 1.0;
   double cron_every_s = 5.0;
+  // The ledger's monthly partitions (migration 0031): the current UTC month's and
+  // partitions_ahead months after it are made if missing, hourly.
+  double partitions_every_s = 3600.0;
+  int partitions_ahead = 3;
   // The lock guard (its own thread and connection, so a blocked service cannot stall it): a
   // member's session holding a lock that one of the daemons' sessions has waited on for longer
   // than member_lock_limit_s is ended (schema/member_lock_guard.h; workers run one too). A

@@ -513,6 +513,10 @@ class Catalog {
   int RescueExpiredLeases(const std::function<AttemptResult(const ExpiredLease&)>& decide);
   // Finishes runs none of whose stages can still change. Returns their ids.
   std::vector<int64_t> FinishRuns();
+  // The ledger's partitions (migration 0031) of the current UTC month and the months_ahead
+  // after it, those missing made (trnflow.attempts_partitions_ahead; daemons only). Returns
+  // how many were made. A months_ahead outside 0-24 is refused by the catalog (CatalogError).
+  int MakeAttemptsPartitionsAhead(int months_ahead);
 
   // --- reads ------------------------------------------------------------------------------
   std::optional<RunRow> GetRun(int64_t run_id);
@@ -751,6 +755,25 @@ CatalogDropPlan PlanCatalogDrop(const std::string& owner_url);
 // Drops the plan's database (ending its sessions where this login may) and then its roles.
 // Returns the roles it could not drop (still granted in another database), named for a person.
 std::vector<std::string> DropCatalog(const std::string& owner_url, const CatalogDropPlan& plan);
+// `trnflow db archive --month YYYY-MM`: one UTC month of the ledger, the partition
+// trnflow.attempts_YYYY_MM (migration 0031), as the schema owner. PlanArchive throws UserError
+// (nothing changed) for a malformed month, the current month or a later one, a month without
+// a partition, and a month with an open attempt (a running stage whose attempt started then:
+// its close writes into that partition).
+struct ArchivePlan {
+  std::string database;
+  std::string month;      // YYYY-MM
+  std::string partition;  // attempts_YYYY_MM, in schema trnflow
+  std::string from, to;   // the month's bounds, UTC timestamps PostgreSQL reads
+  int64_t attempts = 0;   // rows in the partition
+  int64_t open_attempts = 0;
+};
+ArchivePlan PlanArchive(const std::string& owner_url, const std::string& month);
+// Detaches and drops the plan's partition, after checking again with the ledger locked
+// (ACCESS EXCLUSIVE, waiting at most 5 s: closes queue behind it) that no attempt of the month
+// is open and that it still holds plan.attempts rows; throws UserError otherwise (nothing
+// dropped).
+void DropArchivedPartition(const std::string& owner_url, const ArchivePlan& plan);
 // A URL with its user and password replaced.
 std::string WithLogin(const std::string& url, const std::string& user, const std::string& password);
 // 32 random hex digits from the kernel, for generated passwords.

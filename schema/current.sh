@@ -14,6 +14,9 @@
 # Normalised: the catalog's own role names (`<prefix>_daemon`, `<prefix>_reader`, ...; the
 # prefix is the database's, trnflow.settings' role_prefix) read `trnflow_catalog_...`; owners
 # are left out (`--no-owner`), and so are pg_dump's version lines and its `\restrict` key.
+# The ledger's month partitions (trnflow.attempts_YYYY_MM, migration 0031) are left out too:
+# which months a new catalog has depends on the date it was migrated. The partitioned table
+# and its default partition stay.
 # Grants and policies stay: who may do what is part of the schema.
 set -euo pipefail
 
@@ -25,7 +28,8 @@ normalised_dump() {  # URL
   local url=$1 prefix
   prefix=$(psql "$url" -XAtqc "SELECT value FROM trnflow.settings WHERE key = 'role_prefix'")
   [[ -n "$prefix" ]] || { echo "current.sh: no role_prefix in $url's trnflow.settings" >&2; exit 2; }
-  pg_dump --schema-only --no-owner --schema=trnflow "$url" |
+  pg_dump --schema-only --no-owner --schema=trnflow \
+          --exclude-table='trnflow.attempts_[0-9][0-9][0-9][0-9]_[0-9][0-9]' "$url" |
     sed -E -e '/^-- Dumped (from|by) /d' -e '/^\\(un)?restrict /d' \
            -e "s/(^|[^A-Za-z0-9_])${prefix}_([a-z0-9_]+)/\\1trnflow_catalog_\\2/g"  | cat -s
 }

@@ -285,3 +285,8 @@ notified AS (
   SELECT pg_notify('trnflow_ready', pool)
   FROM (SELECT DISTINCT q.pool FROM trnflow.ready_stages q JOIN released r ON r.run_id = q.run_id) p)
 SELECT (SELECT count(*) FROM released), (SELECT count(*) FROM notified);
+
+-- name: MakeAttemptsPartitionsAhead
+-- The ledger's partitions of this UTC month and $1 months ahead, those missing made (migration
+-- 0031); returns how many were made. The scheduler's `partitions` service, hourly.
+SELECT trnflow.attempts_partitions_ahead($1::int);

@@ -67,7 +67,8 @@ const std::set<std::string> kNoData = {
     "cancel",        "resume",         "retry",          "db migrate",      "worker",
     "scheduler",     "schedule add",   "schedule pause", "schedule resume", "schedule rm",
     "cache rm",      "cache untrust",  "budget set",     "budget rm",       "project add",
-    "project grant", "schedule update", "serve",          "db drop",         "workers forget"};
+    "project grant", "schedule update", "serve",          "db drop",         "workers forget",
+    "db archive"};
 
 // Every "" in `j` (a value that should have been null), as JSON pointers; and values that
 // break the rules by key: ids must be strings, dollars numbers.
@@ -356,6 +357,7 @@ TEST(CliGrammar, EveryCommandExitsThreeWithoutTheCatalog) {
       {"cache trust", "a b"},
       {"cache untrust", "a b"},
       {"worker", "--pool cpu=1"},
+      {"db archive", "--month 2025-11 --dry-run"},
   };
   const std::set<std::string> offline = {"validate", "plan", "instances", "models"};
   for (const auto& cmd : Commands()) {
