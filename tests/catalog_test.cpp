@@ -141,7 +141,7 @@ TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
   std::map<std::string, schema::StageRow> by;
   for (const auto& s : stages) by[s.name] = s;
   EXPECT_EQ(schema::ToSql(by["root"].state), "ready");
-  EXPECT_EQ(by["work[i=3]"].state, "blocked");
+  EXPECT_EQ(schema::ToSql(by["work[i=3]"].state), "blocked");
   EXPECT_EQ(by["join"].needs.size(), 5u);
   EXPECT_EQ(by["join"].needs[0], "work[i=0]");
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
