@@ -78,18 +78,19 @@ schema::ArtifactRow FindEntry(schema::Catalog& c, const std::string& prefix) {
 namespace {
 nlohmann::ordered_json ArtifactJson(const schema::ArtifactRow& a) {
   Described d = Describe(a.manifest_json);
-  return nlohmann::ordered_json({{"key", a.key},
-                   {"digest", OrNull(a.digest)},
-                   {"state", a.state},
-                   {"model", d.model == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.model)},
-                   {"shapes", d.shapes == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.shapes)},
-                   {"target", d.target == "-" || d.target == "?" ? nlohmann::json(nullptr)
-                                                                 : nlohmann::json(d.target)},
-                   {"project", OrNull(a.project)},
-                   {"bytes", a.bytes},
-                   {"hits", a.hits},
-                   {"created_at", OrNull(a.created_at)},
-                   {"last_used_at", OrNull(a.last_used_at)}});
+  return nlohmann::ordered_json(
+      {{"key", a.key},
+       {"digest", OrNull(a.digest)},
+       {"state", schema::ToSql(a.state)},
+       {"model", d.model == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.model)},
+       {"shapes", d.shapes == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.shapes)},
+       {"target",
+        d.target == "-" || d.target == "?" ? nlohmann::json(nullptr) : nlohmann::json(d.target)},
+       {"project", OrNull(a.project)},
+       {"bytes", a.bytes},
+       {"hits", a.hits},
+       {"created_at", OrNull(a.created_at)},
+       {"last_used_at", OrNull(a.last_used_at)}});
 }
 }  // namespace
 
@@ -109,8 +110,8 @@ int CmdCacheList(const std::string& format) {
   int64_t total = 0;
   for (const auto& a : catalog->ListArtifacts()) {
     Described d = Describe(a.manifest_json);
-    rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, a.state, Bytes(a.bytes),
-                    std::to_string(a.hits), a.last_used_at.substr(0, 19)});
+    rows.push_back({a.key.substr(0, 12), d.model, d.shapes, d.target, schema::ToSql(a.state),
+                    Bytes(a.bytes), std::to_string(a.hits), a.last_used_at.substr(0, 19)});
     total += a.bytes;
   }
   if (rows.empty()) {
@@ -131,7 +132,7 @@ int CmdCacheShow(const std::string& key, const std::string& format) {
   if (inputs.is_discarded()) inputs = nullptr;
   if (format == "json") {
     nlohmann::ordered_json j = {{"key", a.key},
-                                {"state", a.state},
+                                {"state", schema::ToSql(a.state)},
                                 {"digest", OrNull(a.digest)},
                                 {"bytes", a.bytes},
                                 {"path", OrNull(a.path)},
@@ -146,7 +147,7 @@ int CmdCacheShow(const std::string& key, const std::string& format) {
   }
   std::vector<std::vector<std::string>> rows = {
       {"key", a.key},
-      {"state", a.state},
+      {"state", schema::ToSql(a.state)},
       {"digest", a.digest.empty() ? "-" : a.digest},
       {"bytes", std::to_string(a.bytes) + " (" + Bytes(a.bytes) + ")"},
       {"path", a.path.empty() ? "-" : a.path},
@@ -171,8 +172,8 @@ int CmdCacheRemove(const std::string& key, const DeleteArgs& del) {
   auto catalog = OpenCatalog();
   auto a = FindEntry(*catalog, key);
   if (del.dry_run) {
-    std::cout << "would remove " << a.key << " (" << Bytes(a.bytes) << ", " << a.state
-              << "); dry run: nothing was removed\n";
+    std::cout << "would remove " << a.key << " (" << Bytes(a.bytes) << ", "
+              << schema::ToSql(a.state) << "); dry run: nothing was removed\n";
     return kExitOk;
   }
   if (!Confirm("remove cache entry " + a.key.substr(0, 12) + " (" + Bytes(a.bytes) + ")?", del.yes))
@@ -192,7 +193,7 @@ int CmdCacheVerify(const DeleteArgs& del, const std::string& format) {
   int ok = 0;
   std::vector<schema::ArtifactRow> corrupt, outside;
   for (auto& a : catalog->ListArtifacts()) {
-    if (a.state != "ready") continue;
+    if (a.state != schema::ArtifactState::kReady) continue;
     if (!workers::IsStorePath(HomeDir(), a.path))
       outside.push_back(std::move(a));
     else if (workers::VerifyArtifact(a.path, a.digest))
@@ -276,7 +277,7 @@ int CmdCacheGc(const std::string& max_bytes, const std::string& older_than, cons
   std::vector<schema::ArtifactRow> ready;
   int64_t total = 0;
   for (auto& a : catalog->ListArtifacts())
-    if (a.state == "ready") total += a.bytes, ready.push_back(std::move(a));
+    if (a.state == schema::ArtifactState::kReady) total += a.bytes, ready.push_back(std::move(a));
   // Least recently used first; entries being built are never touched.
   std::sort(ready.begin(), ready.end(),
             [](const auto& x, const auto& y) { return x.last_used_at < y.last_used_at; });
@@ -367,11 +368,11 @@ int CmdCacheWhy(const std::string& run_text, const std::string& stage, const std
   if (auto a = catalog->GetArtifact(key)) {
     if (format == "json") {
       j["cached"] = true;
-      j["state"] = a->state;
+      j["state"] = schema::ToSql(a->state);
       j["hits"] = a->hits;
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << "key " << key.substr(0, 12) << " is in the cache (" << a->state << ", "
+      std::cout << "key " << key.substr(0, 12) << " is in the cache (" << schema::ToSql(a->state) << ", "
                 << a->hits << " hits)\n";
     }
     return kExitOk;

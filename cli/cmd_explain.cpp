@@ -10,6 +10,7 @@
 #include "sim/catalog.h"
 
 namespace trnflow::cli {
+using schema::ToSql;
 namespace {
 
 // Workers heartbeated within this long are read; of those, one silent past its own lease is
@@ -66,33 +67,34 @@ struct Reason {
 };
 
 std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const schema::StageWait& w) {
+  using enum StageState;
   std::vector<Reason> out;
-  if (w.run_state != "running" && w.state != "succeeded" && w.state != "cached") {
-    out.push_back({"run", "the run is " + w.run_state + ": none of its stages will start. " +
-                              (w.run_state == "succeeded"
+  if (w.run_state != schema::RunState::kRunning && w.state != kSucceeded && w.state != kCached) {
+    out.push_back({"run", "the run is " + ToSql(w.run_state) + ": none of its stages will start. " +
+                              (w.run_state == schema::RunState::kSucceeded
                                    ? std::string("Nothing to do.")
                                    : "`trnflow resume " + std::to_string(run_id) +
                                          "` runs its failed, cancelled and skipped stages again")});
   }
-  std::string last = w.last_outcome.empty()
+  std::string last = !w.last_outcome
                          ? ""
-                         : " Last attempt: " + w.last_outcome +
+                         : " Last attempt: " + ToSql(*w.last_outcome) +
                                (w.last_message.empty() ? "" : " (" + w.last_message + ")");
-  if (w.state == "blocked" || w.state == "skipped") {
+  if (w.state == kBlocked || w.state == kSkipped) {
     std::string needs;
     for (const auto& [name, state] : w.waiting_for)
-      needs += (needs.empty() ? "" : ", ") + name + " (" + state + ")";
-    out.push_back({"needs", w.state == "blocked"
+      needs += (needs.empty() ? "" : ", ") + name + " (" + ToSql(state) + ")";
+    out.push_back({"needs", w.state == kBlocked
                                 ? "it waits for the stages it needs: " + needs
                                 : "it was skipped: a stage it needs did not succeed: " + needs});
-  } else if (w.state == "retry_wait") {
+  } else if (w.state == kRetryWait) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "it is backing off before attempt %d: ready again in %.1fs.",
                   w.attempts + 1, std::max(0.0, w.ready_in_s));
     out.push_back({"backoff", buf + last});
     if (w.last_message.find("budget") != std::string::npos)
       out.push_back({"budget", "its budget holds it back: " + w.last_message});
-  } else if (w.state == "ready") {
+  } else if (w.state == kReady) {
     if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
     auto workers = WorkersFor(catalog, run_id);
     std::string none = NoWorkerFor(workers, w.pool, w.instance_count);
@@ -120,14 +122,14 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
                                      "): its attempts end as budget_exceeded"});
     if (w.last_message.find("budget") != std::string::npos)
       out.push_back({"budget", "its last attempt was held back by the budget: " + w.last_message});
-  } else if (w.state == "running") {
+  } else if (w.state == kRunning) {
     if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
     out.push_back({"running", "it is running: attempt " + std::to_string(w.attempts) +
                                   (w.running_on.empty() ? "" : " on " + w.running_on) +
                                   "; `trnflow show " + std::to_string(run_id) +
                                   "` shows its progress"});
   } else {
-    out.push_back({"done", "it has ended: " + w.state +
+    out.push_back({"done", "it has ended: " + ToSql(w.state) +
                                (w.last_message.empty() ? "" : " (" + w.last_message + ")")});
   }
   return out;
@@ -156,13 +158,14 @@ std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_
   std::vector<std::string> out;
   bool unfinished = false;
   for (const auto& s : stages)
-    unfinished = unfinished || s.state == "ready" || s.state == "running" ||
-                 s.state == "retry_wait" || s.state == "blocked";
+    unfinished = unfinished || s.state == StageState::kReady || s.state == StageState::kRunning ||
+                 s.state == StageState::kRetryWait || s.state == StageState::kBlocked;
   if (unfinished)
     if (auto gone = HolderGone(catalog, run_id)) out.push_back(*gone);
   std::map<std::pair<std::string, int>, std::vector<std::string>> ready;  // (pool, count)
   for (const auto& s : stages)
-    if (s.state == "ready") ready[{PoolOf(s.instance_type), s.instance_count}].push_back(s.name);
+    if (s.state == StageState::kReady)
+      ready[{PoolOf(s.instance_type), s.instance_count}].push_back(s.name);
   if (ready.empty()) return out;
   auto workers = WorkersFor(catalog, run_id);
   for (const auto& [key, names] : ready) {
@@ -201,7 +204,7 @@ int CmdExplain(const std::string& run_text, const std::string& stage, const std:
     for (const auto& r : reasons) js.push_back({{"kind", r.kind}, {"message", r.message}});
     nlohmann::json out = {{"run_id", std::to_string(run_id)},
                           {"stage", stage},
-                          {"state", w->state},
+                          {"state", ToSql(w->state)},
                           {"pool", w->pool},
                           {"instance_count", w->instance_count},
                           {"attempts", w->attempts},
@@ -210,7 +213,7 @@ int CmdExplain(const std::string& run_text, const std::string& stage, const std:
     return kExitOk;
   }
   std::cout << "stage " << stage << " of run " << run_id << " (project " << w->project << ", "
-            << w->pool << " x" << w->instance_count << "): " << w->state << "\n";
+            << w->pool << " x" << w->instance_count << "): " << ToSql(w->state) << "\n";
   for (const auto& r : reasons) std::cout << "  - " << r.message << "\n";
   return kExitOk;
 }

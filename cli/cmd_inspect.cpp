@@ -126,7 +126,8 @@ std::vector<std::string> StageNames(const std::vector<schema::StageRow>& stages)
 // the process holding a running run is gone.
 std::optional<schema::RunView> ReadForJson(schema::Catalog& catalog, int64_t run_id) {
   auto view = catalog.ReadRunView(run_id);
-  if (view && view->run.state == "running") view->holder_gone = HolderGone(catalog, run_id);
+  if (view && view->run.state == schema::RunState::kRunning)
+    view->holder_gone = HolderGone(catalog, run_id);
   return view;
 }
 
@@ -166,7 +167,8 @@ int CmdShow(const std::string& run_text, const std::string& stage_filter,
                                "; `trnflow show " + run_text + "` lists them"));
   }
   if (json) {
-    if (view->run.state == "running") view->holder_gone = HolderGone(*catalog, run_id);
+    if (view->run.state == schema::RunState::kRunning)
+      view->holder_gone = HolderGone(*catalog, run_id);
     std::optional<std::set<std::string>> groups;
     if (collapse) groups.emplace();
     std::cout << schema::RunJson(*view, stage_filter, groups).dump(2) << "\n";
@@ -291,12 +293,12 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
     bool last = !follow;
     if (follow) {
       auto run = catalog->GetRun(run_id);
-      last = !run || run->state != "running";
+      last = !run || run->state != schema::RunState::kRunning;
     }
     auto attempts = catalog->GetAttempts(run_id);
     for (const auto& s : stages) {
       if (!StageMatches(s.name, stage)) continue;
-      if (s.kind != "run") continue;
+      if (s.kind != StageKind::kRun) continue;
       for (const auto& a : attempts) {
         if (a.stage_id != s.id) continue;
         // Where its worker wrote it (found here when TRNFLOW_HOME is shared or this is that
@@ -315,7 +317,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
           fs::path here = log_in(a.worker_home.empty() ? HomeDir() : a.worker_home);
           (void)fs::symlink_status(here, ec);
           // A member reads it through the dashboard, which serves them their projects' logs.
-          if (a.outcome != "cached" && ec == std::errc::permission_denied &&
+          if (a.outcome != Outcome::kCached && ec == std::errc::permission_denied &&
               worker_host == ThisHost()) {
             auto [st, fresh] = served.try_emplace(here.string());
             ServedLog& log = st->second;
@@ -356,7 +358,7 @@ int CmdLogs(const std::string& run_text, const std::string& stage, bool follow,
                         << log.error << " <==\n";
             continue;
           }
-          if (a.outcome != "cached" && !a.worker_home.empty() &&
+          if (a.outcome != Outcome::kCached && !a.worker_home.empty() &&
               elsewhere.insert(p.string()).second) {
             std::string there = log_in(a.worker_home).string();
             if (json)

@@ -24,6 +24,7 @@ namespace trnflow::cli {
 namespace {
 
 using Steady = std::chrono::steady_clock;
+using schema::ToSql;
 
 std::string StageLine(const schema::StageRow& s, size_t name_width, double speed) {
   std::string inst =
@@ -31,26 +32,26 @@ std::string StageLine(const schema::StageRow& s, size_t name_width, double speed
   std::string attempt = s.attempts ? "attempt " + std::to_string(s.attempts) : "";
   char buf[512];
   std::snprintf(buf, sizeof buf, "  %-*s  %-10s  %-20s  %-9s  %-10s  %9s  %s",
-                static_cast<int>(name_width), s.name.c_str(), s.state.c_str(), inst.c_str(),
-                s.market.c_str(), attempt.c_str(), SpentCell(s).c_str(),
+                static_cast<int>(name_width), s.name.c_str(), ToSql(s.state).c_str(), inst.c_str(),
+                ToSql(s.market).c_str(), attempt.c_str(), SpentCell(s).c_str(),
                 ProgressCell(s, speed).c_str());
   return buf;
 }
 
 // Why a stage is where it is, for the lines that follow a run without a terminal.
 std::string StateDetail(const schema::StageRow& s, double speed) {
-  if (s.state == "running") {
+  using enum StageState;
+  if (s.state == kRunning) {
     std::string p = ProgressCell(s, speed);
     return " (attempt " + std::to_string(s.attempts) + " on " + s.instance_type +
            (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "") + ", " +
-           s.market + (p.empty() ? "" : ", " + p) + ")";
+           ToSql(s.market) + (p.empty() ? "" : ", " + p) + ")";
   }
   std::string spent = " (" + SpentCell(s) + " so far";
-  if ((s.state == "retry_wait" || s.state == "failed" || s.state == "cancelled") &&
-      !s.last_outcome.empty())
-    return spent + "; attempt " + std::to_string(s.attempts) + " " + s.last_outcome +
+  if ((s.state == kRetryWait || s.state == kFailed || s.state == kCancelled) && s.last_outcome)
+    return spent + "; attempt " + std::to_string(s.attempts) + " " + ToSql(*s.last_outcome) +
            (s.last_message.empty() ? "" : ": " + s.last_message) + ")";
-  if (s.state == "succeeded" || s.state == "cached") return spent + ")";
+  if (s.state == kSucceeded || s.state == kCached) return spent + ")";
   return "";
 }
 
@@ -61,7 +62,7 @@ std::string StateDetail(const schema::StageRow& s, double speed) {
 void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>& interrupted) {
   bool tty = isatty(STDOUT_FILENO);
   auto start = Steady::now();
-  std::map<int64_t, std::string> last_state;
+  std::map<int64_t, std::optional<StageState>> last_state;  // nullopt: not seen yet
   std::map<int64_t, int> last_quarter;
   std::map<int64_t, int> reported_end;  // per stage: attempts up to this one said how they ended
   std::map<int64_t, int> last_attempts;
@@ -102,8 +103,9 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
       if (drawn) frame += "\x1b[" + std::to_string(drawn) + "A";
       for (const auto& s : stages) frame += "\x1b[2K" + StageLine(s, width, speed) + "\n";
       char buf[200];
-      std::snprintf(buf, sizeof buf, "\x1b[2K  run %lld %s  %.1fs  %s spent (running attempts included)\n",
-                    static_cast<long long>(run_id), run ? run->state.c_str() : "?", t,
+      std::snprintf(buf, sizeof buf,
+                    "\x1b[2K  run %lld %s  %.1fs  %s spent (running attempts included)\n",
+                    static_cast<long long>(run_id), run ? ToSql(run->state).c_str() : "?", t,
                     run ? run->cost.ToDollars().c_str() : "?");
       frame += buf;
       for (const auto& w : warnings) frame += "\x1b[2K  ! " + w + "\n";
@@ -116,17 +118,16 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
       std::optional<std::vector<schema::AttemptRow>> ledger;  // read only when needed
       for (const auto& s : stages) {
         auto& prev = last_state[s.id];
-        int quarter = s.state == "running" && s.live_progress >= 0
-                          ? static_cast<int>(s.live_progress * 4)
-                          : -1;
+        bool running = s.state == StageState::kRunning;
+        int quarter = running && s.live_progress >= 0 ? static_cast<int>(s.live_progress * 4) : -1;
         bool progressed = quarter > 0 && quarter < 4 && quarter > last_quarter[s.id];
         // A state held for less than a poll (a spot interruption and its retry within 100 ms:
         // running, retry_wait, running) is not seen here; the ledger has every closed attempt,
         // so each one's end is said once, from there, unless this poll's line says it.
-        int closed = s.attempts - (s.state == "running" ? 1 : 0);
-        bool line_says_last = s.state == "retry_wait" || s.state == "failed" ||
-                              s.state == "cancelled" || s.state == "succeeded" ||
-                              s.state == "cached";
+        int closed = s.attempts - (running ? 1 : 0);
+        bool line_says_last = s.state == StageState::kRetryWait || s.state == StageState::kFailed ||
+                              s.state == StageState::kCancelled ||
+                              s.state == StageState::kSucceeded || s.state == StageState::kCached;
         int& ended = reported_end[s.id];
         for (int k = ended + 1; k <= closed - (line_says_last && prev != s.state ? 1 : 0); ++k) {
           if (!ledger) {
@@ -137,10 +138,10 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
             }
           }
           for (const auto& a : *ledger) {
-            if (a.stage_id != s.id || a.attempt != k || a.outcome.empty()) continue;
+            if (a.stage_id != s.id || a.attempt != k || !a.outcome) continue;
             char buf[1024];
-            std::snprintf(buf, sizeof buf, "[%6.1fs] %s: attempt %d %s%s\n", t, s.name.c_str(),
-                          k, a.outcome.c_str(),
+            std::snprintf(buf, sizeof buf, "[%6.1fs] %s: attempt %d %s%s\n", t, s.name.c_str(), k,
+                          ToSql(*a.outcome).c_str(),
                           a.message.empty() ? "" : (": " + a.message).c_str());
             std::cout << buf;
             ended = k;
@@ -151,13 +152,13 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
         int& seen_attempts = last_attempts[s.id];
         bool new_attempt = seen_attempts != s.attempts;
         seen_attempts = s.attempts;
-        if (prev == s.state && !progressed && !(new_attempt && s.state == "running")) continue;
+        if (prev == s.state && !progressed && !(new_attempt && running)) continue;
         if (prev != s.state) last_quarter[s.id] = 0;
         if (progressed) last_quarter[s.id] = quarter;
         prev = s.state;
         char buf[1024];
-        std::snprintf(buf, sizeof buf, "[%6.1fs] %s: %s%s\n", t, s.name.c_str(), s.state.c_str(),
-                      StateDetail(s, speed).c_str());
+        std::snprintf(buf, sizeof buf, "[%6.1fs] %s: %s%s\n", t, s.name.c_str(),
+                      ToSql(s.state).c_str(), StateDetail(s, speed).c_str());
         std::cout << buf;
       }
       for (const auto& w : warnings)
@@ -168,7 +169,7 @@ void FollowRun(schema::Catalog& catalog, int64_t run_id, const std::atomic<bool>
         }
       std::cout << std::flush;
     }
-    if (!run || run->state != "running" || interrupted) return;
+    if (!run || run->state != schema::RunState::kRunning || interrupted) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 200 : 100));
   }
 }
@@ -226,7 +227,7 @@ void PrintRunSummary(schema::Catalog& catalog, int64_t run_id) {
   auto run = catalog.GetRun(run_id);
   std::cout << "\n" << schema::RunSummaryTable(catalog.GetStages(run_id));
   if (run)
-    std::cout << "\nrun " << run->id << " " << run->state << " (pipeline " << run->pipeline
+    std::cout << "\nrun " << run->id << " " << ToSql(run->state) << " (pipeline " << run->pipeline
               << ", project " << run->project << ") in "
               << static_cast<int>(run->wall_seconds + 0.5) << "s wall; see `trnflow show "
               << run->id << "`\n";
@@ -295,7 +296,7 @@ int ExecuteHere(schema::Catalog& catalog, int64_t run_id, std::vector<workers::P
   }
   PrintRunSummary(catalog, run_id);
   auto run = catalog.GetRun(run_id);
-  return run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+  return run && run->state == schema::RunState::kSucceeded ? kExitOk : kExitRunFailed;
 }
 
 int CmdRun(const RunArgs& a) {
@@ -342,7 +343,7 @@ int CmdCancel(const std::string& run_text) {
   if (!run) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   auto report = catalog->CancelRun(run_id);
   if (!report.cancelled)
-    throw UserError("run " + run_text + " already ended (" + run->state + "); nothing to cancel");
+    throw UserError("run " + run_text + " already ended (" + ToSql(run->state) + "); nothing to cancel");
   std::cout << "run " << run_id << " cancelled: " << report.stages_cancelled
             << " pending stages cancelled";
   if (report.stages_running == 0) {
@@ -419,8 +420,8 @@ int CmdWatch(const std::string& run_text, bool execute, const SandboxArgs& sandb
     // --format json: stdout holds only the finished run's JSON; the progress goes to stderr.
     StdoutToStderr progress_to_stderr(format == "json");
     if (execute) {
-      if (run->state != "running")
-        throw UserError("run " + run_text + " has ended (" + run->state +
+      if (run->state != schema::RunState::kRunning)
+        throw UserError("run " + run_text + " has ended (" + ToSql(run->state) +
                         "); `trnflow resume " + run_text + "` first to run what failed again");
       catalog->RequireStageRunner("`trnflow watch --execute`");
       // Pools wide enough for every stage of the run, as `run` gives a fresh pipeline.
@@ -437,7 +438,7 @@ int CmdWatch(const std::string& run_text, bool execute, const SandboxArgs& sandb
       if (g_interrupted) return kExitInterrupted;  // the run goes on; only watching stopped
       PrintRunSummary(*catalog, run_id);
       run = catalog->GetRun(run_id);
-      code = run && run->state == "succeeded" ? kExitOk : kExitRunFailed;
+      code = run && run->state == schema::RunState::kSucceeded ? kExitOk : kExitRunFailed;
     }
   }
   if (format == "json" && code != kExitInterrupted) PrintRunJson(*catalog, run_id);

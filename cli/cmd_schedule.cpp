@@ -296,13 +296,13 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
     if (s.last_slot_fired.empty())
       j["last_fire"] = nullptr;
     else
-      j["last_fire"] = {{"slot", s.last_slot_fired},
-                        {"fired_at", s.last_fired_at},
-                        {"run_id", s.last_run ? nlohmann::ordered_json(std::to_string(s.last_run))
-                                              : nlohmann::ordered_json(nullptr)},
-                        {"run_state", s.last_run_state.empty()
-                                          ? nlohmann::ordered_json(nullptr)
-                                          : nlohmann::ordered_json(s.last_run_state)}};
+      j["last_fire"] = {
+          {"slot", s.last_slot_fired},
+          {"fired_at", s.last_fired_at},
+          {"run_id", s.last_run ? nlohmann::ordered_json(std::to_string(s.last_run))
+                                : nlohmann::ordered_json(nullptr)},
+          {"run_state", s.last_run_state ? nlohmann::ordered_json(schema::ToSql(*s.last_run_state))
+                                         : nlohmann::ordered_json(nullptr)}};
     j["snapshot"] = s.source;
     std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return kExitOk;
@@ -324,8 +324,9 @@ int CmdScheduleShow(const std::string& name, const std::string& format) {
     std::cout << "never\n";
   else
     std::cout << "slot " << s.last_slot_fired << ", fired " << s.last_fired_at << ", run "
-              << (s.last_run ? std::to_string(s.last_run) + " (" + s.last_run_state + ")"
-                             : std::string("- (removed)"))
+              << (s.last_run
+                      ? std::to_string(s.last_run) + " (" + schema::ToSql(s.last_run_state) + ")"
+                      : std::string("- (removed)"))
               << "; " << s.fires << (s.fires == 1 ? " fire" : " fires") << " in all\n";
   std::cout << "  snapshot   taken " << s.updated_at << " (added " << s.created_at << "), sha256 "
             << sha.substr(0, 12) << "\n"

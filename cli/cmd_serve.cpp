@@ -72,8 +72,8 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
   for (const auto& s : stages)
     if (s.name == stage_name) stage = &s;
   if (!stage) return std::nullopt;
-  if (stage->kind != "run")
-    throw UserError("stage " + stage->name + " is a " + stage->kind +
+  if (stage->kind != StageKind::kRun)
+    throw UserError("stage " + stage->name + " is a " + schema::ToSql(stage->kind) +
                     " stage; only run: stages write logs");
   std::optional<schema::AttemptRow> attempt;
   for (const auto& a : catalog.GetAttempts(run_id))
@@ -90,7 +90,7 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
   nlohmann::json out = {{"run_id", std::to_string(run_id)},
                         {"stage", stage->name},
                         {"attempt", attempt->attempt},
-                        {"outcome", OrNull(attempt->outcome)},
+                        {"outcome", OrNull(schema::ToSql(attempt->outcome))},
                         {"offset", offset},
                         {"next_offset", offset},
                         {"size", nullptr},
@@ -118,12 +118,12 @@ std::optional<nlohmann::json> StageLogJson(schema::Catalog& catalog, const serve
     out["size"] = static_cast<int64_t>(size);
     out["text"] = text;
     out["available"] = true;
-    out["complete"] = !attempt->outcome.empty() &&
+    out["complete"] = attempt->outcome.has_value() &&
                       from + static_cast<int64_t>(text.size()) >= static_cast<int64_t>(size);
     return out;
   }
   // Not on this host: its worker's TRNFLOW_HOME is elsewhere (docs/operations.md).
-  out["complete"] = !attempt->outcome.empty();
+  out["complete"] = attempt->outcome.has_value();
   out["path"] = log_in(homes.front()).string();
   return out;
 }
@@ -245,8 +245,7 @@ int CmdServe(const ServeArgs& a) {
     q.project = Param(r, "project");
     q.pipeline = Param(r, "pipeline");
     q.state = Param(r, "state");
-    if (!q.state.empty() && q.state != "running" && q.state != "succeeded" &&
-        q.state != "failed" && q.state != "cancelled")
+    if (!q.state.empty() && !schema::ParseRunState(q.state))
       throw UserError("state " + q.state + ": one of running, succeeded, failed, cancelled");
     q.since = ReadDateFlag("since", Param(r, "since"));
     if (std::string limit = Param(r, "limit"); !limit.empty()) {

@@ -109,7 +109,7 @@ Plan MakePlan(const Pipeline& p, const PlanInputs& inputs) {
     const sim::InstanceType* t = hw.FindInstance(s.spec.instance);
     StagePlan sp;
     sp.name = s.spec.name;
-    sp.kind = std::string(ToString(s.spec.kind));
+    sp.kind = s.spec.kind;
     sp.instance = s.spec.instance;
     sp.count = s.spec.count;
     sp.market = std::string(ToString(s.spec.market));
@@ -193,7 +193,7 @@ std::string PlanToJson(const Plan& plan) {
   for (const auto& s : plan.stages) {
     nlohmann::ordered_json j = {
         {"name", s.name},
-        {"kind", s.kind},
+        {"kind", std::string(ToString(s.kind))},
         {"instance", s.instance},
         {"count", s.count},
         {"market", s.market},
@@ -209,8 +209,8 @@ std::string PlanToJson(const Plan& plan) {
       j["cheaper_alternative"] = {{"instance", s.cheaper_instance},
                                   {"cost_usd", s.cheaper_cost.usd()}};
     if (s.tokens_per_second > 0) j["tokens_per_second"] = Round(s.tokens_per_second, 1);
-    if (s.kind == "train" && s.mfu > 0) j["mfu"] = Round(s.mfu, 3);
-    if (s.kind == "deploy" || s.kind == "benchmark") {
+    if (s.kind == StageKind::kTrain && s.mfu > 0) j["mfu"] = Round(s.mfu, 3);
+    if (s.kind == StageKind::kDeploy || s.kind == StageKind::kBenchmark) {
       j["ms_per_token"] = Round(s.ms_per_token, 2);
       j["ttft_ms"] = Round(s.ttft_ms, 1);
       j["usd_per_million_tokens"] = Round(s.usd_per_million_tokens, 3);
@@ -274,7 +274,7 @@ std::string PlanToTable(const Plan& plan) {
         notes += b;
         if (s.max_concurrency > 0) notes += ", " + std::to_string(s.max_concurrency) + " in flight";
       }
-    } else if (s.kind == "train" && s.tokens_per_second > 0) {
+    } else if (s.kind == StageKind::kTrain && s.tokens_per_second > 0) {
       char b[64];
       std::snprintf(b, sizeof b, "%s%.0f tok/s, MFU %.0f%%", notes.empty() ? "" : "; ",
                     s.tokens_per_second, 100 * s.mfu);
@@ -291,8 +291,8 @@ std::string PlanToTable(const Plan& plan) {
     std::string cost = (unknown ? ">=" : "") + s.cost.ToDollars();
     std::string on_demand = (unknown ? ">=" : "") + s.on_demand_cost.ToDollars();
     out += Line(Format("%-*s  %-8s  %-18s  %-9s  %8s  %10s  %10s  %-*s  ", static_cast<int>(w),
-                       s.name.c_str(), s.kind.c_str(), inst.c_str(), s.market.c_str(),
-                       unknown ? "?" : hours, cost.c_str(), on_demand.c_str(),
+                       s.name.c_str(), std::string(ToString(s.kind)).c_str(), inst.c_str(),
+                       s.market.c_str(), unknown ? "?" : hours, cost.c_str(), on_demand.c_str(),
                        static_cast<int>(sw), source_of(s).c_str()) +
                 notes);
   }

@@ -33,7 +33,7 @@ struct StageHistory {
 
 struct StagePlan {
   std::string name;
-  std::string kind;
+  StageKind kind = StageKind::kRun;
   std::string instance;
   int count = 1;
   std::string market;

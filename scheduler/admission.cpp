@@ -20,7 +20,7 @@ pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* cata
   pipelines::PlanInputs in;
   in.is_cached = [catalog](const std::string& key) {
     auto a = catalog->GetArtifact(key);
-    return a && a->state == "ready";
+    return a && a->state == schema::ArtifactState::kReady;
   };
   in.history = [&past](const std::string& stage) -> std::optional<pipelines::StageHistory> {
     auto it = past.find(stage);

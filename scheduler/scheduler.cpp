@@ -60,7 +60,7 @@ void GuardBudgets(schema::Catalog& c) {
     if (reached > b.notified_percent) c.RecordBudgetNotice(b.project, reached);
     if (reached >= 100)
       for (int64_t run : c.RunningRunsOfProject(b.project)) {
-        c.CancelRun(run, "budget_exceeded");
+        c.CancelRun(run, Outcome::kBudgetExceeded);
         c.InsertEvent(run, 0, "budget", "run stopped: project " + b.project + " is over budget");
         log->warn("run={} stopped: project {} over budget", run, b.project);
       }
@@ -76,7 +76,7 @@ void GuardBudgets(schema::Catalog& c) {
     }
     if (reached > r.notified_percent) c.RecordRunBudgetNotice(r.run_id, reached);
     if (reached >= 100) {
-      c.CancelRun(r.run_id, "budget_exceeded");
+      c.CancelRun(r.run_id, Outcome::kBudgetExceeded);
       log->warn("run={} stopped: over its budget_usd {}", r.run_id, r.budget.ToDollars());
     }
   }

@@ -13,7 +13,7 @@ namespace {
 ArtifactRow ReadArtifact(const pqxx::row& row) {
   ArtifactRow a;
   a.key = row[0].as<std::string>();
-  a.state = row[1].as<std::string>();
+  a.state = ArtifactStateFromSql(row[1].as<std::string>());
   a.digest = row[2].as<std::string>();
   a.bytes = row[3].as<int64_t>();
   a.path = row[4].as<std::string>();
@@ -53,13 +53,13 @@ std::optional<ArtifactRow> Catalog::GetArtifact(const std::string& key) {
 }
 
 bool Catalog::FinishArtifact(const std::string& key, int64_t stage_id, int attempt,
-                             const std::string& state, const std::string& digest, int64_t bytes,
+                             ArtifactState state, const std::string& digest, int64_t bytes,
                              const std::string& path, const std::string& failure) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     bool ok = !impl_
-                   ->Exec(tx, "FinishArtifact", key, stage_id, attempt, state, digest, bytes, path,
-                          failure)
+                   ->Exec(tx, "FinishArtifact", key, stage_id, attempt, ToSql(state), digest, bytes,
+                          path, failure)
                    .empty();
     tx.commit();
     return ok;

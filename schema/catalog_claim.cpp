@@ -53,9 +53,9 @@ std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
     ids.push_back(r.stage_id);
     attempts.push_back(r.attempt);
     owners.push_back(r.lease_owner);
-    outcomes.emplace_back(ToString(r.outcome));
-    states.emplace_back(ToString(r.next_state));
-    markets.emplace_back(ToString(r.next_market));
+    outcomes.push_back(ToSql(r.outcome));
+    states.push_back(ToSql(r.next_state));
+    markets.push_back(ToSql(r.next_market));
     retry.push_back(r.retry_in_s);
     sim.push_back(r.sim_seconds);
     billed.push_back(r.billed_seconds);
@@ -78,11 +78,11 @@ std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
   std::vector<LeaseKey> applied;
   for (const auto& row : done) {
     int64_t id = row[0].as<int64_t>();
-    std::string state = row[2].as<std::string>();
-    if (state == "succeeded" || state == "cached") succeeded.push_back(id);
-    if (state == "failed" || state == "cancelled") failed.push_back(id);
+    StageState state = StageStateFromSql(row[2].as<std::string>());
+    if (state == StageState::kSucceeded || state == StageState::kCached) succeeded.push_back(id);
+    if (state == StageState::kFailed || state == StageState::kCancelled) failed.push_back(id);
     runs.push_back(row[1].as<int64_t>());
-    applied.push_back({id, attempt_of[id], false, ""});
+    applied.push_back({id, attempt_of[id], false, std::nullopt});
   }
   // The last metrics of each applied attempt become an event; stale results add nothing.
   std::map<int64_t, int64_t> run_of;
@@ -99,7 +99,7 @@ std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
   for (const auto& r : results)
     if (r.outcome == Outcome::kBudgetExceeded && run_of.count(r.stage_id))
       over_budget.insert(run_of[r.stage_id]);
-  for (int64_t run : over_budget) Exec(tx, "CancelRun", run, std::string("budget_exceeded"));
+  for (int64_t run : over_budget) Exec(tx, "CancelRun", run, ToSql(Outcome::kBudgetExceeded));
   if (!succeeded.empty()) {
     std::vector<int64_t> ready;
     for (const auto& row : Exec(tx, "ReleaseDependents", NumberArray(succeeded)))
@@ -279,8 +279,8 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
     tx.commit();
     std::vector<LeaseKey> out;
     for (const auto& row : r)
-      out.push_back(
-          {row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>(), row[3].as<std::string>()});
+      out.push_back({row[0].as<int64_t>(), row[1].as<int>(), row[2].as<bool>(),
+                     OptionalOutcomeFromSql(row[3].as<std::string>())});
     return out;
   });
 }

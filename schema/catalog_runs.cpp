@@ -15,7 +15,7 @@ RunRow ReadRun(const pqxx::row& row) {
   r.id = row[0].as<int64_t>();
   r.project = row[1].as<std::string>();
   r.pipeline = row[2].as<std::string>();
-  r.state = row[3].as<std::string>();
+  r.state = RunStateFromSql(row[3].as<std::string>());
   r.speed = row[4].as<double>();
   r.seed = row[5].as<int64_t>();
   r.workdir = row[6].as<std::string>();
@@ -24,7 +24,7 @@ RunRow ReadRun(const pqxx::row& row) {
   r.cost = MoneyOf(row[9]);
   if (!row[10].as<std::string>().empty()) r.budget = MoneyOf(row[10]);
   r.wall_seconds = row[11].as<double>();
-  r.cancel_reason = row[12].as<std::string>();
+  r.cancel_reason = OptionalOutcomeFromSql(row[12].as<std::string>());
   r.wasted = MoneyOf(row[13]);
   return r;
 }
@@ -36,11 +36,11 @@ std::vector<StageRow> ReadStages(const pqxx::result& result) {
     StageRow s;
     s.id = row[0].as<int64_t>();
     s.name = row[1].as<std::string>();
-    s.kind = row[2].as<std::string>();
-    s.state = row[3].as<std::string>();
+    s.kind = StageKindFromSql(row[2].as<std::string>());
+    s.state = StageStateFromSql(row[3].as<std::string>());
     s.instance_type = row[4].as<std::string>();
     s.instance_count = row[5].as<int>();
-    s.market = row[6].as<std::string>();
+    s.market = MarketFromSql(row[6].as<std::string>());
     s.attempts = row[7].as<int>();
     s.progress = row[8].as<double>();
     s.cost = MoneyOf(row[9]);
@@ -51,7 +51,7 @@ std::vector<StageRow> ReadStages(const pqxx::result& result) {
     s.live_sim_seconds = row[14].as<double>();
     s.live_eta_s = row[15].as<double>();
     s.heartbeat_age_s = row[16].as<double>();
-    s.last_outcome = row[17].as<std::string>();
+    s.last_outcome = OptionalOutcomeFromSql(row[17].as<std::string>());
     s.last_message = row[18].as<std::string>();
     out.push_back(std::move(s));
   }
@@ -65,11 +65,11 @@ std::vector<AttemptRow> ReadAttempts(const pqxx::result& result) {
     AttemptRow a;
     a.stage_id = row[0].as<int64_t>();
     a.attempt = row[1].as<int>();
-    a.outcome = row[2].as<std::string>();
+    a.outcome = OptionalOutcomeFromSql(row[2].as<std::string>());
     a.worker = row[3].as<std::string>();
     a.instance_type = row[4].as<std::string>();
     a.instance_count = row[5].as<int>();
-    a.market = row[6].as<std::string>();
+    a.market = MarketFromSql(row[6].as<std::string>());
     a.price_per_hour = MoneyOf(row[7]);
     a.started_at = row[8].as<std::string>();
     a.finished_at = row[9].as<std::string>();
@@ -224,10 +224,10 @@ std::map<int64_t, std::string> Catalog::LatestStageMetrics(int64_t run_id) {
   });
 }
 
-CancelReport Catalog::CancelRun(int64_t run_id, const std::string& reason) {
+CancelReport Catalog::CancelRun(int64_t run_id, Outcome reason) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::row r = impl_->Exec(tx, "CancelRun", run_id, reason)[0];
+    pqxx::row r = impl_->Exec(tx, "CancelRun", run_id, ToSql(reason))[0];
     tx.commit();
     return CancelReport{r[0].as<int>() > 0, r[1].as<int>(), r[2].as<int>()};
   });

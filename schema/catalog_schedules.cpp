@@ -61,7 +61,7 @@ std::optional<ScheduleRow> Catalog::GetSchedule(const std::string& name) {
     r.updated_at = row[15].as<std::string>();
     r.last_slot_fired = row[16].as<std::string>();
     r.last_fired_at = row[17].as<std::string>();
-    r.last_run_state = row[18].as<std::string>();
+    r.last_run_state = OptionalRunStateFromSql(row[18].as<std::string>());
     return r;
   });
 }

@@ -77,7 +77,10 @@ std::vector<ChangeRow> Catalog::ChangesSince(int64_t after_id, int limit) {
       c.project = row[2].as<std::string>();
       c.run_id = row[3].as<int64_t>();
       c.stage = row[4].as<std::string>();
-      c.state = row[5].as<std::string>();
+      if (c.stage.empty())
+        c.state = RunStateFromSql(row[5].as<std::string>());
+      else
+        c.state = StageStateFromSql(row[5].as<std::string>());
       out.push_back(std::move(c));
     }
     return out;

@@ -82,20 +82,20 @@ std::optional<StageWait> Catalog::ExplainStage(int64_t run_id, const std::string
     const auto& row = r[0];
     StageWait w;
     w.stage_id = row[0].as<int64_t>();
-    w.state = row[1].as<std::string>();
+    w.state = StageStateFromSql(row[1].as<std::string>());
     w.pool = row[2].as<std::string>();
     w.instance_count = row[3].as<int>();
     w.attempts = row[4].as<int>();
     w.priority = row[5].as<int>();
-    w.run_state = row[6].as<std::string>();
+    w.run_state = RunStateFromSql(row[6].as<std::string>());
     w.project = row[7].as<std::string>();
     w.ready_in_s = row[8].as<double>();
     for (const auto& item : SplitComma(row[9].as<std::string>())) {
       auto colon = item.rfind(':');
-      w.waiting_for.push_back({item.substr(0, colon), item.substr(colon + 1)});
+      w.waiting_for.push_back({item.substr(0, colon), StageStateFromSql(item.substr(colon + 1))});
     }
     w.queued_ahead = row[10].as<int64_t>();
-    w.last_outcome = row[11].as<std::string>();
+    w.last_outcome = OptionalOutcomeFromSql(row[11].as<std::string>());
     w.last_message = row[12].as<std::string>();
     w.running_on = row[13].as<std::string>();
     return w;

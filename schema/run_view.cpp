@@ -42,10 +42,21 @@ std::map<std::string, std::string> MatrixNodes(const std::vector<StageRow>& stag
 }
 
 // What a matrix stage is, as one: the state that most needs a look first.
-std::string GroupState(const std::map<std::string, int>& counts) {
-  for (const char* s : {"running", "failed", "retry_wait", "ready", "blocked", "cancelled", "skipped"})
+StageState GroupState(const std::map<StageState, int>& counts) {
+  for (StageState s :
+       {StageState::kRunning, StageState::kFailed, StageState::kRetryWait, StageState::kReady,
+        StageState::kBlocked, StageState::kCancelled, StageState::kSkipped})
     if (counts.count(s)) return s;
-  return counts.count("cached") && !counts.count("succeeded") ? "cached" : "succeeded";
+  return counts.count(StageState::kCached) && !counts.count(StageState::kSucceeded)
+             ? StageState::kCached
+             : StageState::kSucceeded;
+}
+
+// A matrix stage's states by their text (so in the text's order): "1 failed, 3 succeeded".
+std::map<std::string, int> ByText(const std::map<StageState, int>& counts) {
+  std::map<std::string, int> out;
+  for (const auto& [state, n] : counts) out[ToSql(state)] = n;
+  return out;
 }
 
 // One stage's entry of `show --format json`.
@@ -54,20 +65,20 @@ nlohmann::json StageJson(const StageRow& s, nlohmann::json attempts,
                          const std::map<int64_t, std::string>& metrics) {
   auto m = metrics.find(s.id);
   return {{"name", s.name},
-          {"kind", s.kind},
-          {"state", s.state},
+          {"kind", ToSql(s.kind)},
+          {"state", ToSql(s.state)},
           {"instance_type", OrNull(s.instance_type)},
           {"instance_count", s.instance_count},
-          {"market", OrNull(s.market)},
+          {"market", ToSql(s.market)},
           {"needs", std::move(needs)},
           {"cost_usd", Usd(s.cost)},
-          {"running_cost_usd", s.state == "running" ? nlohmann::json(s.running_cost_usd)
-                                                    : nlohmann::json(nullptr)},
+          {"running_cost_usd", s.state == StageState::kRunning ? nlohmann::json(s.running_cost_usd)
+                                                               : nlohmann::json(nullptr)},
           {"progress",
            s.live_progress >= 0 ? nlohmann::json(s.live_progress) : nlohmann::json(nullptr)},
           {"eta_sim_seconds",
            s.live_eta_s >= 0 ? nlohmann::json(s.live_eta_s) : nlohmann::json(nullptr)},
-          {"last_outcome", OrNull(s.last_outcome)},
+          {"last_outcome", OrNull(ToSql(s.last_outcome))},
           {"last_message", OrNull(s.last_message)},
           {"metrics", m != metrics.end() ? nlohmann::json::parse(m->second, nullptr, false)
                                          : nlohmann::json(nullptr)},
@@ -95,11 +106,11 @@ bool StageMatches(const std::string& name, const std::string& filter) {
 
 std::string SpentCell(const StageRow& s) {
   Money running = Money::FromMicros(std::llround(s.running_cost_usd * 1e6));
-  return (s.cost + running).ToDollars() + (s.state == "running" ? "*" : "");
+  return (s.cost + running).ToDollars() + (s.state == StageState::kRunning ? "*" : "");
 }
 
 std::string ProgressCell(const StageRow& s, double speed) {
-  if (s.state != "running" || s.live_progress < 0) return "";
+  if (s.state != StageState::kRunning || s.live_progress < 0) return "";
   char buf[96];
   int n = std::snprintf(buf, sizeof buf, "%.0f%%", 100 * s.live_progress);
   if (s.live_eta_s >= 0) {
@@ -108,6 +119,10 @@ std::string ProgressCell(const StageRow& s, double speed) {
                   std::ceil(wall));
   }
   return buf;
+}
+
+std::string RunStateCell(const RunRow& r) {
+  return r.cancel_reason == Outcome::kBudgetExceeded ? "over budget" : ToSql(r.state);
 }
 
 std::string InstanceCell(const std::string& type, int count) {
@@ -131,7 +146,8 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
   struct Group {
     const StageRow* first = nullptr;
     int count = 0;
-    std::map<std::string, int> states, outcomes;
+    std::map<StageState, int> states;
+    std::map<std::string, int> outcomes;  // by text; "running" for the open attempts
     std::set<std::string> needs;
     Money cost, wasted;
     double running_cost = 0, sim_seconds = 0;
@@ -148,12 +164,12 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
     if (!StageMatches(s.name, stage_filter)) continue;
     total_wasted += a.wasted;
     ++total_attempts;
-    interruptions += a.outcome == "spot_interruption";
+    interruptions += a.outcome == Outcome::kSpotInterruption;
     const std::string& q = a.queued_at;
     if (const std::string& n = shown_as(s.name); n != s.name) {
       Group& g = groups[n];
       ++g.attempts;
-      ++g.outcomes[a.outcome.empty() ? "running" : a.outcome];
+      ++g.outcomes[a.outcome ? ToSql(*a.outcome) : "running"];
       g.wasted += a.wasted;
       g.sim_seconds += a.sim_seconds;
       if (!q.empty() && (g.first_queued.empty() || q < g.first_queued)) g.first_queued = q;
@@ -165,11 +181,11 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
     auto& ja = stage_attempts[a.stage_id];
     if (ja.is_null()) ja = nlohmann::json::array();
     ja.push_back({{"attempt", a.attempt},
-                  {"outcome", OrNull(a.outcome)},
+                  {"outcome", OrNull(ToSql(a.outcome))},
                   {"worker", OrNull(a.worker)},
                   {"instance_type", OrNull(a.instance_type)},
                   {"instance_count", a.instance_count},
-                  {"market", OrNull(a.market)},
+                  {"market", ToSql(a.market)},
                   {"price_usd_hour", Usd(a.price_per_hour)},
                   {"queued_at", OrNull(q)},
                   {"started_at", OrNull(a.started_at)},
@@ -207,18 +223,18 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
     ++g.states[s.state];
     g.needs.insert(needs.begin(), needs.end());
     g.cost += s.cost;
-    if (s.state == "running") g.running_cost += s.running_cost_usd;
+    if (s.state == StageState::kRunning) g.running_cost += s.running_cost_usd;
   }
   for (auto& [n, g] : groups) {
     if (!g.first) continue;
-    bool running = g.states.count("running") > 0;
+    bool running = g.states.count(StageState::kRunning) > 0;
     js[group_at[n]] = {
         {"name", n},
-        {"kind", g.first->kind},
-        {"state", GroupState(g.states)},
+        {"kind", ToSql(g.first->kind)},
+        {"state", ToSql(GroupState(g.states))},
         {"instance_type", OrNull(g.first->instance_type)},
         {"instance_count", g.first->instance_count},
-        {"market", OrNull(g.first->market)},
+        {"market", ToSql(g.first->market)},
         {"needs", std::vector<std::string>(g.needs.begin(), g.needs.end())},
         {"cost_usd", Usd(g.cost)},
         {"running_cost_usd", running ? nlohmann::json(g.running_cost) : nlohmann::json(nullptr)},
@@ -230,7 +246,7 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
         {"attempts", nlohmann::json::array()},
         {"matrix",
          {{"count", g.count},
-          {"states", g.states},
+          {"states", ByText(g.states)},
           {"attempts", g.attempts},
           {"outcomes", g.outcomes},
           {"sim_hours", g.sim_seconds / 3600},
@@ -244,8 +260,8 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
        {{"run_id", std::to_string(run.id)},
         {"project", run.project},
         {"pipeline", run.pipeline},
-        {"state", run.state},
-        {"cancel_reason", OrNull(run.cancel_reason)},
+        {"state", ToSql(run.state)},
+        {"cancel_reason", OrNull(ToSql(run.cancel_reason))},
         {"budget_usd", run.budget ? nlohmann::json(Usd(*run.budget)) : nlohmann::json(nullptr)},
         {"speed", run.speed},
         {"seed", run.seed},
@@ -253,8 +269,8 @@ nlohmann::json RunJson(const RunView& view, const std::string& stage_filter,
         {"finished_at", OrNull(run.finished_at)},
         {"cost_usd", Usd(run.cost)},
         // Set when the process running it (`trnflow run`) is gone: what happened, what to do.
-        {"holder_gone", run.state == "running" ? OrNull(view.holder_gone.value_or(""))
-                                               : nlohmann::json(nullptr)}}},
+        {"holder_gone", run.state == RunState::kRunning ? OrNull(view.holder_gone.value_or(""))
+                                                        : nlohmann::json(nullptr)}}},
       {"stages", std::move(js)}};
   if (collapse)
     out["totals"] = {{"stages", stages.size()},
@@ -269,8 +285,7 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
   const RunRow& run = view.run;
   const std::vector<StageRow>& stages = view.stages;
   std::string out;
-  std::string state = run.state;
-  if (run.cancel_reason == "budget_exceeded") state = "over budget";  // as `runs` says
+  std::string state = RunStateCell(run);
   double running = 0;
   for (const auto& s : stages) running += s.running_cost_usd;
   out += "run " + std::to_string(run.id) + "  " + run.pipeline + "  project " + run.project +
@@ -288,7 +303,7 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
     struct Group {
       size_t row = 0;
       int count = 0, attempts = 0;
-      std::map<std::string, int> states;
+      std::map<StageState, int> states;
       double seconds = 0;
       Money spent;
       bool running = false;
@@ -298,16 +313,17 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
       double seconds = static_cast<double>(s.billed_seconds) + std::max(0.0, s.live_sim_seconds);
       auto n = node.find(s.name);
       if (n == node.end() || n->second == s.name) {
-        rows.push_back({s.name, s.kind, s.state, std::to_string(s.attempts),
-                        InstanceCell(s.instance_type, s.instance_count), s.market, Hours(seconds),
-                        SpentCell(s), ProgressCell(s, run.speed), MetricsCell(view.metrics, s.id)});
+        rows.push_back({s.name, ToSql(s.kind), ToSql(s.state), std::to_string(s.attempts),
+                        InstanceCell(s.instance_type, s.instance_count), ToSql(s.market),
+                        Hours(seconds), SpentCell(s), ProgressCell(s, run.speed),
+                        MetricsCell(view.metrics, s.id)});
         continue;
       }
       auto [g, fresh] = groups.try_emplace(n->second);
       if (fresh) {
         g->second.row = rows.size();
-        rows.push_back({"", s.kind, "", "", InstanceCell(s.instance_type, s.instance_count),
-                        s.market, "", "", "", ""});
+        rows.push_back({"", ToSql(s.kind), "", "", InstanceCell(s.instance_type, s.instance_count),
+                        ToSql(s.market), "", "", "", ""});
       }
       Group& x = g->second;
       ++x.count;
@@ -315,11 +331,11 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
       ++x.states[s.state];
       x.seconds += seconds;
       x.spent += s.cost + Money::FromMicros(std::llround(s.running_cost_usd * 1e6));
-      x.running = x.running || s.state == "running";
+      x.running = x.running || s.state == StageState::kRunning;
     }
     for (const auto& [name, g] : groups) {
       std::string states;
-      for (const auto& [st, k] : g.states)
+      for (const auto& [st, k] : ByText(g.states))
         states += (states.empty() ? "" : ", ") + std::to_string(k) + " " + st;
       auto& row = rows[g.row];
       row[0] = name + " x" + std::to_string(g.count);
@@ -337,8 +353,8 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
   for (const auto& s : stages) {
     if (!StageMatches(s.name, stage_filter)) continue;
     std::vector<std::vector<std::string>> rows;
-    out += std::string(first ? "" : "\n") + "stage " + s.name + " (" + s.kind + ")  " + s.state +
-           "\n";
+    out += std::string(first ? "" : "\n") + "stage " + s.name + " (" + ToSql(s.kind) + ")  " +
+           ToSql(s.state) + "\n";
     first = false;
     if (auto w = view.waits.find(s.id); w != view.waits.end())
       for (const auto& line : w->second) out += "  - " + line + "\n";
@@ -347,14 +363,14 @@ std::string RunTable(const RunView& view, const std::string& stage_filter, bool 
     auto from = std::lower_bound(view.attempts.begin(), view.attempts.end(), s.id,
                                  [](const AttemptRow& a, int64_t id) { return a.stage_id < id; });
     for (auto a = from; a != view.attempts.end() && a->stage_id == s.id; ++a) {
-      bool open = a->outcome.empty();
-      rows.push_back({std::to_string(a->attempt), open ? "running" : a->outcome, a->worker,
-                      InstanceCell(a->instance_type, a->instance_count), a->market, a->started_at,
-                      Hours(open ? std::max(0.0, s.live_sim_seconds) : a->sim_seconds),
-                      open ? Money::FromMicros(std::llround(s.running_cost_usd * 1e6)).ToDollars() +
-                                 "*"
-                           : a->cost.ToDollars(),
-                      a->wasted.ToDollars(), open ? ProgressCell(s, run.speed) : a->message});
+      bool open = !a->outcome;
+      rows.push_back(
+          {std::to_string(a->attempt), open ? "running" : ToSql(*a->outcome), a->worker,
+           InstanceCell(a->instance_type, a->instance_count), ToSql(a->market), a->started_at,
+           Hours(open ? std::max(0.0, s.live_sim_seconds) : a->sim_seconds),
+           open ? Money::FromMicros(std::llround(s.running_cost_usd * 1e6)).ToDollars() + "*"
+                : a->cost.ToDollars(),
+           a->wasted.ToDollars(), open ? ProgressCell(s, run.speed) : a->message});
     }
     out += Table({">ATTEMPT", "OUTCOME", "WORKER", "INSTANCE", "MARKET", "STARTED", ">SIM HOURS",
                   ">COST", ">WASTED", "WHY"},
@@ -367,8 +383,8 @@ std::string RunSummaryTable(const std::vector<StageRow>& stages) {
   std::vector<std::vector<std::string>> rows;
   Money total;
   for (const auto& s : stages) {
-    rows.push_back({s.name, s.state, std::to_string(s.attempts),
-                    s.instance_type + " x" + std::to_string(s.instance_count), s.market,
+    rows.push_back({s.name, ToSql(s.state), std::to_string(s.attempts),
+                    s.instance_type + " x" + std::to_string(s.instance_count), ToSql(s.market),
                     Hours(static_cast<double>(s.billed_seconds)), s.cost.ToDollars()});
     total += s.cost;
   }
@@ -382,8 +398,8 @@ nlohmann::json RunListJson(const std::vector<RunRow>& runs) {
     out.push_back({{"run_id", std::to_string(r.id)},
                    {"project", r.project},
                    {"pipeline", r.pipeline},
-                   {"state", r.state},
-                   {"cancel_reason", OrNull(r.cancel_reason)},
+                   {"state", ToSql(r.state)},
+                   {"cancel_reason", OrNull(ToSql(r.cancel_reason))},
                    {"created_at", r.created_at},
                    {"finished_at", r.finished_at.empty() ? nlohmann::json(nullptr)
                                                          : nlohmann::json(r.finished_at)},
@@ -396,8 +412,7 @@ std::string RunListTable(const std::vector<RunRow>& runs, const std::string& pro
   if (runs.empty()) return "no runs" + (project.empty() ? "" : " in project " + project) + "\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : runs)
-    rows.push_back({std::to_string(r.id), r.pipeline, r.project,
-                    r.cancel_reason == "budget_exceeded" ? "over budget" : r.state, r.created_at,
+    rows.push_back({std::to_string(r.id), r.pipeline, r.project, RunStateCell(r), r.created_at,
                     r.cost.ToDollars(), r.budget ? r.budget->ToDollars() : ""});
   return Table({">RUN", "PIPELINE", "PROJECT", "STATE", "CREATED", ">COST", ">BUDGET"}, rows);
 }

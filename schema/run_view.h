@@ -67,6 +67,8 @@ std::string RunListTable(const std::vector<RunRow>& runs, const std::string& pro
 std::string SpentCell(const StageRow& s);
 // A running stage's live progress, "42%, 3.1 sim h left (~2s)"; "" when it has not reported.
 std::string ProgressCell(const StageRow& s, double speed);
+// A run's STATE cell: its state, or "over budget" when the budget guard stopped it.
+std::string RunStateCell(const RunRow& r);
 // "trn1.32xlarge x4"; the type alone for one instance.
 std::string InstanceCell(const std::string& type, int count);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <variant>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -10,12 +11,13 @@
 namespace trnflow::serve {
 
 std::string ChangeEvent(const schema::ChangeRow& c) {
-  nlohmann::json j = {{"id", std::to_string(c.id)},
-                      {"at", c.at},
-                      {"project", c.project},
-                      {"run_id", std::to_string(c.run_id)},
-                      {"stage", c.stage.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stage)},
-                      {"state", c.state}};
+  nlohmann::json j = {
+      {"id", std::to_string(c.id)},
+      {"at", c.at},
+      {"project", c.project},
+      {"run_id", std::to_string(c.run_id)},
+      {"stage", c.stage.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stage)},
+      {"state", std::visit([](auto s) { return schema::ToSql(s); }, c.state)}};
   return "id: " + std::to_string(c.id) + "\nevent: change\ndata: " + j.dump() + "\n\n";
 }
 

@@ -32,7 +32,7 @@
 namespace trnflow {
 namespace {
 
-using testing::RunState;
+using testing::RunStateText;
 using testing::TestDatabase;
 using testing::WaitFor;
 
@@ -65,7 +65,7 @@ struct ScratchDatabase {
   std::string owner_url;
 };
 
-bool RunEnded(schema::Catalog& c, int64_t run) { return RunState(c, run) != "running"; }
+bool RunEnded(schema::Catalog& c, int64_t run) { return RunStateText(c, run) != "running"; }
 
 // A wide DAG: one root, `width` parallel sim stages, one fan-in.
 std::string FanOut(int width) {
@@ -140,8 +140,8 @@ TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
   ASSERT_EQ(stages.size(), 7u);
   std::map<std::string, schema::StageRow> by;
   for (const auto& s : stages) by[s.name] = s;
-  EXPECT_EQ(by["root"].state, "ready");
-  EXPECT_EQ(by["work[i=3]"].state, "blocked");
+  EXPECT_EQ(schema::ToSql(by["root"].state), "ready");
+  EXPECT_EQ(schema::ToSql(by["work[i=3]"].state), "blocked");
   EXPECT_EQ(by["join"].needs.size(), 5u);
   EXPECT_EQ(by["join"].needs[0], "work[i=0]");
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
@@ -360,18 +360,21 @@ TEST(Catalog, RescuerEndsExpiredLeasesAsLostAndTheStageRunsAgain) {
   workers::Worker worker(WorkerOpts({{"trn1", 2}}));
   sched.Start();
   ASSERT_TRUE(WaitFor(
-      [&] { return c.GetAttempts(run).size() >= 1 && c.GetAttempts(run)[0].outcome == "lost"; },
+      [&] {
+        return c.GetAttempts(run).size() >= 1 &&
+               schema::ToSql(c.GetAttempts(run)[0].outcome) == "lost";
+      },
       10));
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 20));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 2u);
-  EXPECT_EQ(attempts[0].outcome, "lost");
+  EXPECT_EQ(schema::ToSql(attempts[0].outcome), "lost");
   EXPECT_EQ(attempts[0].worker, "dead:1");
   EXPECT_GT(attempts[0].cost.micros(), 0);
   EXPECT_EQ(attempts[0].wasted, attempts[0].cost);
-  EXPECT_EQ(attempts[1].outcome, "succeeded");
+  EXPECT_EQ(schema::ToSql(attempts[1].outcome), "succeeded");
   EXPECT_EQ(QueueMismatches(), "0");
 }
 
@@ -390,9 +393,9 @@ TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(c, run), "failed");
+  EXPECT_EQ(RunStateText(c, run), "failed");
   std::map<std::string, std::string> state;
-  for (const auto& s : c.GetStages(run)) state[s.name] = s.state;
+  for (const auto& s : c.GetStages(run)) state[s.name] = schema::ToSql(s.state);
   EXPECT_EQ(state["ok"], "succeeded");
   EXPECT_EQ(state["bad"], "failed");
   EXPECT_EQ(state["after"], "skipped");
@@ -402,7 +405,7 @@ TEST(Engine, FailingRunStageFailsTheRunAndSkipsDependents) {
   auto attempts = c.GetAttempts(run);
   bool found = false;
   for (const auto& a : attempts)
-    if (a.outcome == "failed") {
+    if (schema::ToSql(a.outcome) == "failed") {
       found = true;
       EXPECT_NE(a.message.find("exited with code 3"), std::string::npos) << a.message;
     }
@@ -426,14 +429,15 @@ TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
   workers::Worker worker(WorkerOpts({{"cpu", 1}}));
   sched.Start();
   worker.Start();
-  ASSERT_TRUE(WaitFor([&] { return c.GetStages(run)[0].state == "retry_wait"; }, 10));
+  ASSERT_TRUE(
+      WaitFor([&] { return schema::ToSql(c.GetStages(run)[0].state) == "retry_wait"; }, 10));
   EXPECT_EQ(QueueMismatches(), "0");  // waiting out its backoff, not in the queue
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 2u);
-  EXPECT_EQ(attempts[0].outcome, "infra_error");
-  EXPECT_EQ(attempts[1].outcome, "succeeded");
+  EXPECT_EQ(schema::ToSql(attempts[0].outcome), "infra_error");
+  EXPECT_EQ(schema::ToSql(attempts[1].outcome), "succeeded");
   EXPECT_EQ(QueueMismatches(), "0");
 }
 
@@ -456,7 +460,7 @@ TEST(Engine, SameSeedSameInterruptionsAndCheckpointsBoundTheLoss) {
     sched.Start();
     worker.Start();
     EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
-    EXPECT_EQ(RunState(c, run), "succeeded");
+    EXPECT_EQ(RunStateText(c, run), "succeeded");
     return c.GetAttempts(run);
   };
   auto first = run_with_seed(11);
@@ -464,19 +468,19 @@ TEST(Engine, SameSeedSameInterruptionsAndCheckpointsBoundTheLoss) {
   ASSERT_GE(first.size(), 2u) << "the multiplier should cause interruptions";
   ASSERT_EQ(first.size(), again.size());
   for (size_t i = 0; i < first.size(); ++i) {
-    EXPECT_EQ(first[i].outcome, again[i].outcome) << i;
+    EXPECT_EQ(schema::ToSql(first[i].outcome), schema::ToSql(again[i].outcome)) << i;
     EXPECT_NEAR(first[i].progress_to, again[i].progress_to, 0.02) << i;
   }
   Money wasted;
   for (const auto& a : first) {
     EXPECT_GE(a.progress_to, a.progress_from) << "attempt " << a.attempt << " went backwards";
-    if (a.outcome == "spot_interruption") {
+    if (schema::ToSql(a.outcome) == "spot_interruption") {
       // At most one checkpoint interval (30 simulated minutes) of work is lost.
       EXPECT_LE(a.wasted, Charge(a.price_per_hour, a.instance_count, 1800)) << a.attempt;
       EXPECT_LE(a.wasted, a.cost) << a.attempt;
       wasted += a.wasted;  // an interruption during warm-up loses no work; others do
     }
-    if (a.outcome == "succeeded") {
+    if (schema::ToSql(a.outcome) == "succeeded") {
       EXPECT_EQ(a.wasted.micros(), 0);
       EXPECT_DOUBLE_EQ(a.progress_to, 1.0);
     }
@@ -501,7 +505,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  ASSERT_EQ(RunState(c, run), "failed");
+  ASSERT_EQ(RunStateText(c, run), "failed");
   auto attempts_of = [&](const std::string& name) {
     for (const auto& s : c.GetStages(run))
       if (s.name == name) return s.attempts;
@@ -514,7 +518,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   EXPECT_EQ(c.ResumeRun(run), 2);  // b (failed) and c (skipped)
   EXPECT_EQ(QueueMismatches(), "0");  // b ready again, c blocked on it
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
   EXPECT_EQ(attempts_of("b"), 2);
   EXPECT_EQ(attempts_of("c"), 1);
@@ -524,7 +528,7 @@ TEST(Engine, ResumeAndRetryRunOnlyWhatTheyMust) {
   EXPECT_EQ(c.RetryStage(run, "b"), 2);
   EXPECT_EQ(QueueMismatches(), "0");
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   EXPECT_EQ(attempts_of("a"), 1);
   EXPECT_EQ(attempts_of("b"), 3);
   EXPECT_EQ(attempts_of("c"), 2);
@@ -553,9 +557,9 @@ TEST(Engine, CancelStopsRunningStagesPromptly) {
   EXPECT_EQ(QueueMismatches(), "0");  // `after` cancelled: it waits for nothing now
   // The notify wakes the worker's heartbeat at once; allow a generous bound.
   ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 5));
-  EXPECT_EQ(RunState(c, run), "cancelled");
-  for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(a.outcome, "cancelled");
-  for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
+  EXPECT_EQ(RunStateText(c, run), "cancelled");
+  for (const auto& a : c.GetAttempts(run)) EXPECT_EQ(schema::ToSql(a.outcome), "cancelled");
+  for (const auto& s : c.GetStages(run)) EXPECT_EQ(schema::ToSql(s.state), "cancelled") << s.name;
   EXPECT_FALSE(c.CancelRun(run).cancelled);
   EXPECT_EQ(QueueMismatches(), "0");
 }
@@ -577,11 +581,11 @@ TEST(Engine, RunStageResumesFromItsCheckpointAfterASpotInterruption) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   int interruptions = 0;
   for (const auto& a : attempts) {
-    if (a.outcome == "spot_interruption") {
+    if (schema::ToSql(a.outcome) == "spot_interruption") {
       ++interruptions;
       EXPECT_GE(a.progress_to, a.progress_from) << a.message;
     }
@@ -625,10 +629,10 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
   sched.Start();
   worker.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 60));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_GE(attempts.size(), 4u) << "three preemptions, then on-demand";
-  EXPECT_EQ(attempts.back().outcome, "succeeded");
+  EXPECT_EQ(schema::ToSql(attempts.back().outcome), "succeeded");
   const sim::Catalog& hw = sim::Catalog::Builtin();
   const sim::InstanceType& t = *hw.FindInstance("trn1.32xlarge");
   sim::Workload w = sim::WorkloadFromJson(p.Find("train")->spec.workload_json);
@@ -638,10 +642,11 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
     EXPECT_GE(a.progress_from, previous - 1e-9) << "progress went back past a checkpoint";
     previous = a.progress_to;
     if (a.attempt <= 3) {
-      EXPECT_TRUE(a.outcome == "spot_interruption" || a.outcome == "capacity_unavailable")
-          << a.outcome;
-      EXPECT_EQ(a.market, "spot");
-      if (a.outcome != "spot_interruption") continue;
+      EXPECT_TRUE(schema::ToSql(a.outcome) == "spot_interruption" ||
+                  schema::ToSql(a.outcome) == "capacity_unavailable")
+          << schema::ToSql(a.outcome);
+      EXPECT_EQ(schema::ToSql(a.market), "spot");
+      if (schema::ToSql(a.outcome) != "spot_interruption") continue;
       // Waste = the attempt's work beyond what its last checkpoint kept, at its price.
       double setup = sim::EstimateTrain(w, t, 1, a.attempt == 1).setup_seconds;
       double worked = std::max(0.0, a.sim_seconds - setup);
@@ -650,7 +655,7 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
       double expected = a.cost.usd() * (worked - kept) / a.sim_seconds;
       EXPECT_NEAR(a.wasted.usd(), expected, 0.01) << "attempt " << a.attempt;
     } else {
-      EXPECT_EQ(a.market, "on-demand");
+      EXPECT_EQ(schema::ToSql(a.market), "on-demand");
       EXPECT_EQ(a.price_per_hour, t.on_demand_per_hour);
     }
   }
@@ -777,15 +782,15 @@ TEST(Cache, IdenticalCompilesCompileOnceAndCorruptEntriesAreRebuilt) {
   w1.Start();
   w2.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, r1) && RunEnded(c, r2); }, 60));
-  EXPECT_EQ(RunState(c, r1), "succeeded");
-  EXPECT_EQ(RunState(c, r2), "succeeded");
+  EXPECT_EQ(RunStateText(c, r1), "succeeded");
+  EXPECT_EQ(RunStateText(c, r2), "succeeded");
   std::vector<schema::AttemptRow> all = c.GetAttempts(r1);
   for (const auto& a : c.GetAttempts(r2)) all.push_back(a);
   ASSERT_EQ(all.size(), 2u);
   int compiled = 0, served = 0;
   for (const auto& a : all) {
-    if (a.outcome == "succeeded") ++compiled;
-    if (a.outcome == "cached") {
+    if (schema::ToSql(a.outcome) == "succeeded") ++compiled;
+    if (schema::ToSql(a.outcome) == "cached") {
       ++served;
       EXPECT_EQ(a.cost.micros(), 0);
       EXPECT_GT(a.saved.micros(), 0);
@@ -796,14 +801,14 @@ TEST(Cache, IdenticalCompilesCompileOnceAndCorruptEntriesAreRebuilt) {
   EXPECT_EQ(served, 1);
   auto entry = c.GetArtifact(key);
   ASSERT_TRUE(entry);
-  EXPECT_EQ(entry->state, "ready");
+  EXPECT_EQ(schema::ToSql(entry->state), "ready");
   EXPECT_EQ(entry->hits, 1);
   // Corrupt the stored graph: the next run must compile again, not be served garbage.
   std::ofstream(entry->path + "/model.neff", std::ios::trunc) << "garbage";
   int64_t r3 = c.SubmitRun(p, opts);
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, r3); }, 60));
   ASSERT_EQ(c.GetAttempts(r3).size(), 1u);
-  EXPECT_EQ(c.GetAttempts(r3)[0].outcome, "succeeded");
+  EXPECT_EQ(schema::ToSql(c.GetAttempts(r3)[0].outcome), "succeeded");
   EXPECT_TRUE(workers::VerifyArtifact(c.GetArtifact(key)->path, c.GetArtifact(key)->digest));
 }
 
@@ -831,14 +836,14 @@ TEST(Cache, DeterministicCompileFailuresArePoisonedUntilRetried) {
     opts.retry_failed_compilation = retry;
     int64_t run = c.SubmitRun(p, opts);
     EXPECT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
-    EXPECT_EQ(RunState(c, run), "failed");
+    EXPECT_EQ(RunStateText(c, run), "failed");
     return c.GetAttempts(run).at(0);
   };
   auto first = run_once(false);
-  EXPECT_EQ(first.outcome, "user_error");
+  EXPECT_EQ(schema::ToSql(first.outcome), "user_error");
   EXPECT_NE(first.message.find("NCC_EXTP003"), std::string::npos) << first.message;
   EXPECT_GT(first.sim_seconds, 0);
-  EXPECT_EQ(c.GetArtifact(spec.cache_key)->state, "failed");
+  EXPECT_EQ(schema::ToSql(c.GetArtifact(spec.cache_key)->state), "failed");
   auto second = run_once(false);
   EXPECT_NE(second.message.find("failed to compile before"), std::string::npos) << second.message;
   EXPECT_EQ(second.sim_seconds, 0);
@@ -960,7 +965,7 @@ TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
   ASSERT_TRUE(all) << c.QueryValue(
       "SELECT count(*) FROM trnflow.runs WHERE state = 'running' AND NOT EXISTS (SELECT 1 FROM "
       "trnflow.stages s WHERE s.run_id = runs.id AND s.state <> 'succeeded')");
-  for (int64_t r : runs) EXPECT_EQ(RunState(c, r), "succeeded");
+  for (int64_t r : runs) EXPECT_EQ(RunStateText(c, r), "succeeded");
 }
 
 // The same DAG at 1, 2, 4 and 8 worker incarnations: every stage runs exactly once.
@@ -979,7 +984,7 @@ TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
   sched.Start();
   for (auto& w : fleet) w->Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
-  EXPECT_EQ(RunState(c, run), "succeeded");
+  EXPECT_EQ(RunStateText(c, run), "succeeded");
   std::string r = std::to_string(run);
   EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
                          " AND state <> 'succeeded'"),
@@ -1008,15 +1013,15 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
   {
     workers::Worker worker(opts);
     worker.Start();
-    ASSERT_TRUE(WaitFor([&] { return c.GetStages(run)[0].state == "running"; }, 10));
+    ASSERT_TRUE(WaitFor([&] { return schema::ToSql(c.GetStages(run)[0].state) == "running"; }, 10));
     ASSERT_TRUE(WaitFor([&] { return worker.running() == 1; }, 10));
   }  // Stop(): grace, SIGTERM, hand back
   auto s = c.GetStages(run)[0];
-  EXPECT_EQ(s.state, "ready");
+  EXPECT_EQ(schema::ToSql(s.state), "ready");
   EXPECT_EQ(QueueMismatches(), "0");  // handed back: in the queue again
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 1u);
-  EXPECT_EQ(attempts[0].outcome, "cancelled");
+  EXPECT_EQ(schema::ToSql(attempts[0].outcome), "cancelled");
   EXPECT_EQ(c.QueryValue("SELECT errors + preemptions FROM trnflow.stages WHERE run_id = " +
                          std::to_string(run)),
             "0");
@@ -1139,20 +1144,21 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   const int64_t old_run = std::stoll(run);
   auto got_run = c.GetRun(old_run);
   ASSERT_TRUE(got_run);
-  EXPECT_EQ(got_run->state, "failed");
+  EXPECT_EQ(schema::ToSql(got_run->state), "failed");
   std::map<std::string, std::string> state;
   std::map<int64_t, std::string> name_of;
   for (const auto& s : c.GetStages(old_run)) {
-    state[s.name] = s.state;
+    state[s.name] = schema::ToSql(s.state);
     name_of[s.id] = s.name;
   }
   EXPECT_EQ(state, (std::map<std::string, std::string>{
                        {"ok", "succeeded"}, {"bad", "failed"}, {"after", "skipped"}}));
   std::vector<std::string> attempts;
   for (const auto& a : c.GetAttempts(old_run))
-    attempts.push_back(name_of[a.stage_id] + "#" + std::to_string(a.attempt) + " " + a.outcome +
-                       " " + a.cost.ToDecimal() + " " + std::to_string(a.billed_seconds) + "s " +
-                       a.price_per_hour.ToDecimal() + "/h");
+    attempts.push_back(name_of[a.stage_id] + "#" + std::to_string(a.attempt) + " " +
+                       schema::ToSql(a.outcome) + " " + a.cost.ToDecimal() + " " +
+                       std::to_string(a.billed_seconds) + "s " + a.price_per_hour.ToDecimal() +
+                       "/h");
   std::sort(attempts.begin(), attempts.end());
   EXPECT_EQ(attempts, (std::vector<std::string>{"bad#1 infra_error 0.020000 60s 0.170000/h",
                                                 "bad#2 failed 0.030000 120s 0.170000/h",
@@ -1180,7 +1186,7 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   int64_t new_run = run_to_end(
       "pipeline: after-upgrade\nproject: lab\nstages:\n  a:\n    run: [\"true\"]\n"
       "  b:\n    run: [\"true\"]\n    needs: [a]\n");
-  EXPECT_EQ(RunState(c, new_run), "succeeded");
+  EXPECT_EQ(RunStateText(c, new_run), "succeeded");
   Money total_before, total_after;
   for (const auto& r : before_spend) total_before += r.cost;
   for (const auto& r : c.Spend(schema::SpendQuery{"lab", "", "", "", {"project"}}))

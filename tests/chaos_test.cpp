@@ -57,14 +57,14 @@ std::string Query(const std::string& sql) {
   return "";
 }
 
-std::string RunState(int64_t run) {
+std::string RunStateText(int64_t run) {
   return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
 }
 
 // The invariants every run must keep, whatever was killed.
 void ExpectConsistent(int64_t run, int stages) {
   std::string r = std::to_string(run);
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunStateText(run), "succeeded");
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r),
             std::to_string(stages));
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.stages s WHERE run_id = " + r +
@@ -151,7 +151,7 @@ TEST(Chaos, KillingWorkersAndTheLeaderLosesNothing) {
   std::mt19937 rng(20261121);
   int worker_kills = 0, leader_kills = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(4);
-  while (RunState(run) == "running" && std::chrono::steady_clock::now() < deadline) {
+  while (RunStateText(run) == "running" && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     if (rng() % 10 < 7) {
       auto& w = workers[rng() % workers.size()];
@@ -167,7 +167,7 @@ TEST(Chaos, KillingWorkersAndTheLeaderLosesNothing) {
         }
     }
   }
-  ASSERT_NE(RunState(run), "running")
+  ASSERT_NE(RunStateText(run), "running")
       << "the run did not finish in 4 minutes; logs in " << LogDir();
   std::cout << "killed " << worker_kills << " workers and " << leader_kills << " leaders; "
             << Query("SELECT count(*) FROM trnflow.attempts WHERE outcome = 'lost' AND run_id = " +
@@ -213,7 +213,7 @@ TEST(Chaos, AWorkerFrozenPastItsLeaseDoesNotWriteItsStaleResult) {
       20));
   // The frozen worker wakes with an attempt it no longer owns, past its stage's end.
   frozen->Kill(SIGCONT);
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 30));
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) != "running"; }, 30));
   // The stale worker has tried to write once it says it lost the lease.
   auto worker_log = [] { return testing::ReadFile(LogDir() + "/worker10.log"); };
   WaitFor([&] {
@@ -263,7 +263,8 @@ TEST(Chaos, RunSurvivesAPostgresRestart) {
       },
       30));
   ASSERT_EQ(std::system("pg_ctlcluster 15 main restart -m fast >/dev/null 2>&1"), 0);
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) != "running"; }, 120)) << "logs in " << LogDir();
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) != "running"; }, 120))
+      << "logs in " << LogDir();
   ExpectConsistent(run, 400);
 }
 
@@ -279,8 +280,8 @@ TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
       "pipeline: leftovers\nproject: chaos\nstages:\n"
       "  s:\n    run: \"sleep 301.25 & echo started\"\n    shell: true\n",
       1);
-  ASSERT_TRUE(WaitFor([&] { return RunState(quick) != "running"; }, 20));
-  EXPECT_EQ(RunState(quick), "succeeded");
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(quick) != "running"; }, 20));
+  EXPECT_EQ(RunStateText(quick), "succeeded");
   EXPECT_NE(std::system("pgrep -f 'sleep 30[1].25' >/dev/null"), 0)
       << "the background child outlived its stage";
 
@@ -308,9 +309,10 @@ TEST(Chaos, IdenticalCompilesFromTwoProcessesCompileOnce) {
   auto w1 = Worker(41, "5", "trn1=1"), w2 = Worker(42, "5", "trn1=1");
   w1->Start();
   w2->Start();
-  ASSERT_TRUE(WaitFor([&] { return RunState(r1) != "running" && RunState(r2) != "running"; }, 60));
-  EXPECT_EQ(RunState(r1), "succeeded");
-  EXPECT_EQ(RunState(r2), "succeeded");
+  ASSERT_TRUE(
+      WaitFor([&] { return RunStateText(r1) != "running" && RunStateText(r2) != "running"; }, 60));
+  EXPECT_EQ(RunStateText(r1), "succeeded");
+  EXPECT_EQ(RunStateText(r2), "succeeded");
   std::string runs = std::to_string(r1) + "," + std::to_string(r2);
   EXPECT_EQ(Query("SELECT string_agg(outcome, ',' ORDER BY outcome) FROM trnflow.attempts "
                   "WHERE run_id IN (" +

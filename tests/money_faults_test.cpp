@@ -306,7 +306,7 @@ TEST(MoneyFaults, RandomKillsAroundCancelsAndBudgetStopsKeepTheMoneyExact) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 600));
     for (const auto& id : c.ListRuns({.project = project, .limit = 1000})) {
       Money live = RunSpent(c, id.id);
-      if (id.state == "running") max_live[id.id] = std::max(max_live[id.id], live);
+      if (schema::ToSql(id.state) == "running") max_live[id.id] = std::max(max_live[id.id], live);
     }
     switch (rng() % 7) {
       case 0:

@@ -45,7 +45,7 @@ int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed 
   workers::Worker worker(WorkerOpts());
   sched.Start();
   worker.Start();
-  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 60));
+  EXPECT_TRUE(WaitFor([&] { return schema::ToSql(c.GetRun(run)->state) != "running"; }, 60));
   return run;
 }
 
@@ -56,7 +56,7 @@ std::string DatabaseName() { return TestDatabase::database_name(); }
 TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
   schema::Catalog c(TestDatabase::url());
   int64_t run = RunToEnd(c, MustParse(kSmall, "agree"));
-  ASSERT_EQ(c.GetRun(run)->state, "succeeded");
+  ASSERT_EQ(schema::ToSql(c.GetRun(run)->state), "succeeded");
   std::string r = std::to_string(run);
   std::string ledger =
       c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
@@ -377,7 +377,7 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   workers::Worker worker(WorkerOpts());
   sched.Start();
   worker.Start();
-  ASSERT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 30));
+  ASSERT_TRUE(WaitFor([&] { return schema::ToSql(c.GetRun(run)->state) != "running"; }, 30));
   ASSERT_TRUE(WaitFor([&] { return c.CountRunningStages(run) == 0; }, 10));
   // The guard announces 100% on its next tick, after the attempt stopped itself at its cap.
   WaitFor(
@@ -388,12 +388,12 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
       },
       10);
   auto r = c.GetRun(run);
-  EXPECT_EQ(r->state, "cancelled");
-  EXPECT_EQ(r->cancel_reason, "budget_exceeded");
+  EXPECT_EQ(schema::ToSql(r->state), "cancelled");
+  EXPECT_EQ(schema::ToSql(r->cancel_reason), "budget_exceeded");
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 1u);
-  EXPECT_EQ(attempts[0].outcome, "budget_exceeded");
-  for (const auto& s : c.GetStages(run)) EXPECT_EQ(s.state, "cancelled") << s.name;
+  EXPECT_EQ(schema::ToSql(attempts[0].outcome), "budget_exceeded");
+  for (const auto& s : c.GetStages(run)) EXPECT_EQ(schema::ToSql(s.state), "cancelled") << s.name;
   EXPECT_EQ(c.QueryValue("SELECT string_agg(data->>'percent', ',' ORDER BY id) FROM trnflow.events "
                          "WHERE kind = 'budget' AND data->>'project' = 'thrifty'"),
             "50,80,100")

@@ -135,11 +135,13 @@ double QueryNumber(const std::string& sql) {
   return v.empty() ? -1 : std::stod(v);
 }
 
-std::string RunState(int64_t run) {
+std::string RunStateText(int64_t run) {
   return Query("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
 }
 
-std::string RunState(schema::Catalog& c, int64_t run) { return c.GetRun(run)->state; }
+std::string RunStateText(schema::Catalog& c, int64_t run) {
+  return schema::ToSql(c.GetRun(run)->state);
+}
 
 namespace {
 std::mutex g_dirs_mu;

@@ -73,8 +73,8 @@ inline constexpr const char* kQueueMismatchesSql =
 std::string Query(const std::string& sql);
 double QueryNumber(const std::string& sql);
 // A run's state in this binary's catalog ("" for no such run); through `c`, any catalog's.
-std::string RunState(int64_t run);
-std::string RunState(schema::Catalog& c, int64_t run);
+std::string RunStateText(int64_t run);
+std::string RunStateText(schema::Catalog& c, int64_t run);
 
 // A directory of this test process's own under /tmp: PREFIX-<pid> (and a random suffix when
 // `random_suffix`), emptied at first use and removed at exit unless TRNFLOW_TEST_KEEP_HOME is

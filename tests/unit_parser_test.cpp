@@ -452,7 +452,7 @@ TEST(Plan, TotalsAreTheSumOfStagesAndTheCriticalPath) {
   double longest_compile = 0;
   for (const auto& s : plan.stages) {
     sum += s.cost;
-    if (s.kind == "compile") longest_compile = std::max(longest_compile, s.hours);
+    if (s.kind == StageKind::kCompile) longest_compile = std::max(longest_compile, s.hours);
   }
   EXPECT_EQ(sum, plan.total_cost);
   double path =

@@ -41,11 +41,11 @@ ExecResult CacheRunner::RunSingleFlight(schema::Catalog& cat, const ExecContext&
                                         const schema::ClaimedStage& c, const CacheWork& w) {
   if (!w.trusted.empty()) {
     auto own = cat.GetArtifact(w.key);
-    if (!own || own->state != "ready")
+    if (!own || own->state != schema::ArtifactState::kReady)
       for (const auto& [project, key] : w.trusted) {
         auto a = cat.GetArtifact(key);
         // The row must be the trusted project's own: trust is in who built it.
-        if (a && a->state == "ready" && a->project == project && Servable(*a))
+        if (a && a->state == schema::ArtifactState::kReady && a->project == project && Servable(*a))
           if (auto r = Serve(cat, key, *a, w, " (built by trusted project " + project + ")"))
             return *r;
       }
@@ -72,12 +72,14 @@ ExecResult CacheRunner::RunSingleFlight(schema::Catalog& cat, const ExecContext&
         throw;
       }
       if (er.outcome == Outcome::kSucceeded) {
-        cat.FinishArtifact(w.key, c.stage_id, c.attempt, "ready", a.digest, a.bytes, a.path, "");
+        cat.FinishArtifact(w.key, c.stage_id, c.attempt, schema::ArtifactState::kReady, a.digest,
+                           a.bytes, a.path, "");
         er.output_digest = a.digest;
         er.message += std::string(er.message.empty() ? "" : "; ") + w.what + " cached as " +
                       a.digest.substr(0, 12);
       } else if (er.outcome == Outcome::kUserError && w.poison_failures) {
-        cat.FinishArtifact(w.key, c.stage_id, c.attempt, "failed", "", 0, "", er.message);
+        cat.FinishArtifact(w.key, c.stage_id, c.attempt, schema::ArtifactState::kFailed, "", 0, "",
+                           er.message);
       } else {
         cat.ReleaseArtifact(w.key, c.stage_id, c.attempt);
       }
@@ -85,7 +87,7 @@ ExecResult CacheRunner::RunSingleFlight(schema::Catalog& cat, const ExecContext&
     }
     auto a = cat.GetArtifact(w.key);
     if (!a) continue;  // removed meanwhile: try to build it
-    if (a->state == "ready") {
+    if (a->state == schema::ArtifactState::kReady) {
       if (Servable(*a))
         if (auto r = Serve(cat, w.key, *a, w, "")) return *r;
       log->warn("cache entry key={} digest={} is corrupt or incomplete: rebuilding it",
@@ -93,7 +95,7 @@ ExecResult CacheRunner::RunSingleFlight(schema::Catalog& cat, const ExecContext&
       corrupt = a->digest;
       continue;
     }
-    if (a->state == "failed") {
+    if (a->state == schema::ArtifactState::kFailed) {
       ExecResult r;
       r.outcome = Outcome::kUserError;
       r.ran_instance = false;

@@ -45,11 +45,11 @@ void Worker::Impl::HeartbeatLoop() {
         std::scoped_lock lock(mu);
         if (auto it = running.find(k.stage_id); it != running.end()) {
           int expected = static_cast<int>(StopReason::kNone);
-          auto why = k.cancel_reason == "budget_exceeded" ? StopReason::kBudgetExceeded
-                                                          : StopReason::kCancelled;
+          Outcome reason = k.cancel_reason.value_or(Outcome::kCancelled);
+          auto why = reason == Outcome::kBudgetExceeded ? StopReason::kBudgetExceeded
+                                                        : StopReason::kCancelled;
           if (it->second->stop.compare_exchange_strong(expected, static_cast<int>(why)))
-            log->info("run cancelled ({}): stopping stage={}",
-                      k.cancel_reason.empty() ? "cancelled" : k.cancel_reason, k.stage_id);
+            log->info("run cancelled ({}): stopping stage={}", schema::ToSql(reason), k.stage_id);
         }
       }
       for (auto& [sid, r] : before) {

@@ -216,7 +216,7 @@ TEST_F(MemberLogs, FollowPrintsARunningAttemptUntilTheRunEnds) {
   EXPECT_EQ(followed.exit_code, 0) << followed.out;
   EXPECT_NE(followed.out.find("through trnflow serve) <==\none\ntwo\n"), std::string::npos)
       << followed.out;
-  EXPECT_EQ(testing::RunState(std::stoll(id)), "succeeded");
+  EXPECT_EQ(testing::RunStateText(std::stoll(id)), "succeeded");
 }
 
 TEST_F(MemberLogs, ATicketIsOneUseTheMembersProjectsOnlyAndItsArgumentsAreChecked) {

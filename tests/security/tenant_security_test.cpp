@@ -115,7 +115,7 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   EXPECT_THROW(alice.CancelRun(b_run_), PermissionDenied);
   EXPECT_THROW(alice.RetryStage(b_run_, "hello"), PermissionDenied);
   EXPECT_THROW(alice.ResumeRun(b_run_), PermissionDenied);
-  EXPECT_THROW(alice.CancelRun(b_run_, "budget_exceeded"), PermissionDenied);
+  EXPECT_THROW(alice.CancelRun(b_run_, Outcome::kBudgetExceeded), PermissionDenied);
   // In its own project it submits and cancels, under its own name.
   o.project = "ten-a";
   int64_t mine = alice.SubmitRun(p, o);
@@ -123,7 +123,7 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
       alice.QueryValue("SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
       "trnflow_test_" + Db() + "_alice");
   EXPECT_TRUE(alice.CancelRun(mine).cancelled);
-  EXPECT_THROW(alice.CancelRun(mine, "budget_exceeded"), PermissionDenied)
+  EXPECT_THROW(alice.CancelRun(mine, Outcome::kBudgetExceeded), PermissionDenied)
       << "only the daemons stop a run for its budget";
   // Through the CLI: a distinct exit code, and what was refused.
   std::string file = WriteTempFile("tiny-cli.yaml", kTiny);
@@ -374,11 +374,11 @@ TEST_P(Runaway, StopsAtTheBudget) {
   schema::Catalog daemon(TestDatabase::url());
   auto got = daemon.GetRun(run);
   ASSERT_TRUE(got);
-  EXPECT_EQ(got->state, "cancelled");
-  EXPECT_EQ(got->cancel_reason, "budget_exceeded");
+  EXPECT_EQ(schema::ToSql(got->state), "cancelled");
+  EXPECT_EQ(schema::ToSql(got->cancel_reason), "budget_exceeded");
   auto attempts = daemon.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 1u);
-  EXPECT_EQ(attempts[0].outcome, "budget_exceeded") << attempts[0].message;
+  EXPECT_EQ(schema::ToSql(attempts[0].outcome), "budget_exceeded") << attempts[0].message;
   Money limit, price;
   ASSERT_TRUE(Money::Parse(budget, &limit));
   ASSERT_TRUE(Money::Parse(daemon.QueryValue("SELECT price_usd_hour FROM trnflow.attempts WHERE "
@@ -411,7 +411,7 @@ TEST(Runaway, ParallelCommandsThatIgnoreSigtermStayInsideTheBudget) {
   ASSERT_TRUE(got);
   auto attempts = daemon.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 4u);
-  for (const auto& a : attempts) EXPECT_EQ(a.outcome, "timeout") << a.message;
+  for (const auto& a : attempts) EXPECT_EQ(schema::ToSql(a.outcome), "timeout") << a.message;
   Money price;
   ASSERT_TRUE(Money::Parse(
       daemon.QueryValue("SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " +

@@ -29,12 +29,12 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CliHome;
 using testing::Daemon;
-using testing::RunTrnflow;
-using testing::TestDatabase;
 using testing::Query;
 using testing::QueryNumber;
-using testing::RunState;
+using testing::RunStateText;
+using testing::RunTrnflow;
 using testing::ShOutput;
+using testing::TestDatabase;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
@@ -160,7 +160,7 @@ stages:
                       " --speed 1 --executor slurm --format json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   int64_t run = RunIdOf(r.out);
-  EXPECT_EQ(RunState(run), "succeeded");
+  EXPECT_EQ(RunStateText(run), "succeeded");
   for (const char* stage : {"hello", "wide"}) {
     SCOPED_TRACE(stage);
     std::string job = AttemptCol(run, stage, 1, "executor_job");
@@ -362,11 +362,14 @@ TEST(Slurm, A200ExpansionMatrixGoesOutAsArraysOneTaskPerAttempt) {
   ASSERT_EQ(JobState(AttemptCol(run, "sweep[i=9]", 1, "executor_job")), "RUNNING");
   std::string cancelled = AttemptCol(run, "sweep[i=9]", 1, "executor_job");
   ShOutput("scancel " + cancelled);
-  ASSERT_TRUE(WaitFor([&] {
-    most = std::max(most, in_slurm());
-    return RunState(run) == "succeeded" || RunState(run) == "failed";
-  }, 240)) << RunState(run);
-  ASSERT_EQ(RunState(run), "succeeded");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        most = std::max(most, in_slurm());
+        return RunStateText(run) == "succeeded" || RunStateText(run) == "failed";
+      },
+      240))
+      << RunStateText(run);
+  ASSERT_EQ(RunStateText(run), "succeeded");
   EXPECT_LE(most, 120) << "more jobs in Slurm at once than max_submit_jobs";
 
   // Every first attempt was a task ARRAY_INDEX; arrays of at most 64; no task ran two attempts.
@@ -458,8 +461,8 @@ TEST(Slurm, ArrayTasksAreAdoptedAfterAWorkerDiesAndCancelledWithTheirRun) {
     EXPECT_NE(job.find('_'), std::string::npos) << n << ": " << job << " is not an array task";
   first->Kill(SIGKILL);
   auto second = SlurmWorker("array-adopt-worker-2", {"--slurm-config", config});
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 120))
-      << RunState(run) << " " << AttemptCol(run, names[0], 2, "message");
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 120))
+      << RunStateText(run) << " " << AttemptCol(run, names[0], 2, "message");
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_EQ(AttemptCol(run, n, 1, "outcome"), "lost");
@@ -654,8 +657,8 @@ TEST(Slurm, ANoticeThenAKillIsASpotInterruptionAndTheNextAttemptResumes) {
   ShOutput("scancel --batch --signal=USR1 " + job);
   std::this_thread::sleep_for(std::chrono::seconds(1));
   ShOutput("scancel " + job);
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90))
-      << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 90))
+      << RunStateText(run) << " " << AttemptCol(run, "work", 1, "message");
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
       << AttemptCol(run, "work", 1, "message");
   EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
@@ -692,7 +695,7 @@ TEST(Slurm, ANodeLostMidJobOnASpotPartitionIsAnInterruption) {
   ASSERT_TRUE(WaitFor([&] { return fs::exists(begin); }, 30)) << begin;
   std::string node = ShOutput("squeue -h -j " + job + " -o %N");
   ShOutput("scontrol update nodename=" + node + " state=down reason=trnflow-test");
-  EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60)) << RunState(run);
+  EXPECT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 60)) << RunStateText(run);
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
       << AttemptCol(run, "work", 1, "message");
   EXPECT_NE(AttemptCol(run, "work", 1, "message").find("NODE_FAIL"), std::string::npos);
@@ -730,7 +733,7 @@ TEST(Slurm, APreemptedJobIsASpotInterruptionAndRunsAgain) {
   // Someone's job in a higher priority tier needs every node: Slurm cancels ours for it.
   std::string urgent = ShOutput("sbatch --parsable -p urgent -N2 --exclusive -o /dev/null --wrap 'sleep 1'");
   EXPECT_TRUE(WaitFor([&] { return JobState(job) == "PREEMPTED"; }, 60)) << JobState(job);
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90)) << RunState(run);
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 90)) << RunStateText(run);
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "spot_interruption")
       << AttemptCol(run, "work", 1, "message");
   EXPECT_NE(AttemptCol(run, "work", 1, "message").find("preempted"), std::string::npos);
@@ -768,8 +771,8 @@ TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
   int status = 0;
   std::string up = ShOutput(SlurmCluster::env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
   ASSERT_EQ(status, 0) << up;
-  EXPECT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 60))
-      << RunState(run) << " " << AttemptCol(run, "work", 1, "message");
+  EXPECT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 60))
+      << RunStateText(run) << " " << AttemptCol(run, "work", 1, "message");
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "succeeded");
   EXPECT_EQ(JobsOfStage(run, "work"), 1);
 }
@@ -785,8 +788,8 @@ TEST(Slurm, AWorkerKilledMidJobIsReplacedAndTheJobAdoptedNotRunTwice) {
   ASSERT_TRUE(WaitFor([&] { return JobState(job) == "RUNNING"; }, 30));
   first->Kill(SIGKILL);
   auto second = SlurmWorker("adopt-worker-2");
-  ASSERT_TRUE(WaitFor([&] { return RunState(run) == "succeeded"; }, 90))
-      << RunState(run) << " " << AttemptCol(run, "work", 2, "message");
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 90))
+      << RunStateText(run) << " " << AttemptCol(run, "work", 2, "message");
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "lost");
   EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
   EXPECT_EQ(AttemptCol(run, "work", 2, "executor_job"), job) << "attempt 2 did not adopt the job";
