@@ -1,7 +1,7 @@
 // The catalog itself, before any stage: opening and guarding the connection, migrating the
 // schema (and loading the instance catalog: queries/instances.sql), checking its version,
-// raw statements (QueryValue, RunOutsideTransaction), and creating or dropping a catalog
-// database and its roles.
+// opening it through a door (OpenWorkerCatalog, ...), raw statements (QueryValue,
+// RunOutsideTransaction), and creating or dropping a catalog database and its roles.
 #include "schema/catalog.h"
 
 #include <libpq-fe.h>
@@ -100,6 +100,16 @@ int Catalog::BinarySchemaVersion() {
   int latest = 0;
   for (const auto& m : Migrations()) latest = std::max(latest, m.version);
   return latest;
+}
+
+std::unique_ptr<WorkerCatalog> OpenWorkerCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
+}
+std::unique_ptr<SchedulerCatalog> OpenSchedulerCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
+}
+std::unique_ptr<ServeCatalog> OpenServeCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
 }
 
 MigrateReport Catalog::Migrate(const sim::Catalog& hw, int up_to) {

@@ -19,6 +19,10 @@
 #include "common/money.h"
 #include "common/stage_spec.h"
 #include "schema/catalog_rows.h"
+#include "schema/notifications.h"
+#include "schema/scheduler_catalog.h"
+#include "schema/serve_catalog.h"
+#include "schema/worker_catalog.h"
 
 namespace trnflow::pipelines {
 struct Pipeline;
@@ -31,7 +35,10 @@ namespace trnflow::schema {
 
 struct RunView;  // schema/run_view.h
 
-class Catalog {
+// The whole catalog: what the command line (cli/) and the dashboard's /api views use. Workers,
+// the scheduler and serve/ each see only their door (worker_catalog.h, scheduler_catalog.h,
+// serve_catalog.h), which Catalog implements.
+class Catalog final : public WorkerCatalog, public SchedulerCatalog, public ServeCatalog {
  public:
   // Connects; throws CatalogUnavailable with the URL (password hidden) and how to fix it.
   explicit Catalog(const std::string& url);
@@ -100,18 +107,8 @@ class Catalog {
   // skips what is downstream of stages that failed, and finishes runs, in one transaction.
   // Returns the results that were applied (a stale result is silently dropped).
   std::vector<LeaseKey> CompleteAttempts(const std::vector<AttemptResult>& results);
-  // CompleteAttempts, then, in the same transaction, ClaimReadyStages for each pool of
-  // `claims` with the free instances it names: a worker that closes a stage takes the
-  // dependents it just released (and whatever else is ready) without another round trip, so a
-  // chain's next link starts at once. Claims come back in the order of `claims`.
-  struct ClaimRequest {
-    std::string pool;
-    int free_instances = 0;
-  };
-  struct Committed {
-    std::vector<LeaseKey> applied;
-    std::vector<std::vector<ClaimedStage>> claimed;  // one list per request
-  };
+  // CompleteAttempts, then claims again for each of `claims`, in one transaction
+  // (worker_catalog.h; ClaimRequest and Committed are WorkerCatalog's).
   Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
                              const std::vector<ClaimRequest>& claims,
                              const std::string& worker_id, const std::string& worker_name,
@@ -163,11 +160,6 @@ class Catalog {
   bool IsListening() const;
   // LISTEN where state changes are announced (trnflow.changes; the dashboard's event stream).
   void ListenForChanges();
-  struct Notifications {
-    int ready = 0;
-    int cancel = 0;
-    int changes = 0;  // ListenForChanges: new rows in trnflow.changes
-  };
   // Waits up to `timeout_ms` for notifications; returns how many of each arrived.
   Notifications AwaitNotifications(int timeout_ms);
 

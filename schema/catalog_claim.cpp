@@ -424,7 +424,7 @@ void Catalog::ListenForChanges() {
   });
 }
 
-Catalog::Notifications Catalog::AwaitNotifications(int timeout_ms) {
+Notifications Catalog::AwaitNotifications(int timeout_ms) {
   return impl_->Guard([&] {
     impl_->notifications = 0;
     impl_->cancel_notifications = 0;
