@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
     PrepareBenchCatalog(c);
     int64_t run = InsertStages(c, stages, "blocked", false);
     int64_t first = std::stoll(
-        c.QueryValue("SELECT min(id) FROM trnflow.stages WHERE run_id = " + std::to_string(run)));
-    c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
+        schema::testing::QueryValue(c, "SELECT min(id) FROM trnflow.stages WHERE run_id = " + std::to_string(run)));
+    schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE trnflow.stages");
     // Executor start times, by stage (steady clock, nanoseconds; 0 = not yet).
     std::vector<std::atomic<int64_t>> started(stages);
     auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < stages; ++i) {
       t += std::chrono::microseconds(1000000 / rate);
       std::this_thread::sleep_until(t);
-      c.QueryValue(
+      schema::testing::QueryValue(c, 
           "WITH r AS (UPDATE trnflow.stages SET state = 'ready', ready_at = now(), "
           "pending_needs = 0 WHERE id = " + std::to_string(first + i) +
           " RETURNING run_id, id, project, pool, priority, ready_at, instance_count), "

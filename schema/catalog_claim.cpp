@@ -285,16 +285,6 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
   });
 }
 
-std::vector<LeaseKey> Catalog::CompleteAttempts(const std::vector<AttemptResult>& results) {
-  if (results.empty()) return {};
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    auto applied = impl_->Complete(tx, results);
-    tx.commit();
-    return applied;
-  });
-}
-
 bool Catalog::TryAcquireLeadership() {
   Impl& m = *impl_;
   try {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -183,7 +184,7 @@ TEST(SmallThings, RunOutputSaysEveryInterruptionEvenWhenItLastedLessThanAPoll) {
                            "poll-lab");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   schema::Catalog c(TestDatabase::url());
-  std::string interrupted = c.QueryValue(
+  std::string interrupted = schema::testing::QueryValue(c, 
       "SELECT count(*) FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id WHERE "
       "r.project = 'poll-lab' AND a.outcome = 'spot_interruption'");
   ASSERT_NE(interrupted, "0") << "the example is interrupted at its default seed";
