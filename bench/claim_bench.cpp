@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
     InsertStages(c, 1000, "ready", false);
     schema::testing::QueryValue(c, "ANALYZE trnflow.stages");
     // EXPLAIN returns rows; a session-local function folds them into one value.
-    schema::testing::QueryValue(c, R"(CREATE FUNCTION pg_temp.explain_claim() RETURNS text LANGUAGE plpgsql AS $$
+    schema::testing::QueryValue(
+        c, R"(CREATE FUNCTION pg_temp.explain_claim() RETURNS text LANGUAGE plpgsql AS $$
       DECLARE line text; plan text := '';
       BEGIN
         FOR line IN EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)

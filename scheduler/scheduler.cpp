@@ -15,8 +15,8 @@
 #include "scheduler/admission.h"
 #include "scheduler/cron.h"
 #include "schema/attempt_end.h"
-#include "schema/scheduler_catalog.h"
 #include "schema/member_lock_guard.h"
+#include "schema/scheduler_catalog.h"
 
 namespace trnflow::scheduler {
 namespace {

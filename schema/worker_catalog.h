@@ -38,9 +38,8 @@ class WorkerCatalog {
   // (queries/stages.sql); `max_stages` > 0 takes at most that many.
   virtual std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
                                                      const std::string& worker_id,
-                                                     const std::string& worker_name,
-                                                     double lease_s, int64_t only_run = 0,
-                                                     int max_stages = 0) = 0;
+                                                     const std::string& worker_name, double lease_s,
+                                                     int64_t only_run = 0, int max_stages = 0) = 0;
   // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
   // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
   // limits are left out of the answer.
@@ -73,9 +72,8 @@ class WorkerCatalog {
   };
   virtual Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
                                      const std::vector<ClaimRequest>& claims,
-                                     const std::string& worker_id,
-                                     const std::string& worker_name, double lease_s,
-                                     int64_t only_run = 0) = 0;
+                                     const std::string& worker_id, const std::string& worker_name,
+                                     double lease_s, int64_t only_run = 0) = 0;
   virtual void InsertEvents(const std::vector<EventRow>& events) = 0;
 
   // --- notifications ------------------------------------------------------------------------
@@ -98,20 +96,17 @@ class WorkerCatalog {
   // The builder's result: state "ready" (digest, bytes, path) or "failed" (failure). False
   // when this attempt was no longer the builder.
   virtual bool FinishArtifact(const std::string& key, int64_t stage_id, int attempt,
-                              const std::string& state, const std::string& digest,
-                              int64_t bytes, const std::string& path,
-                              const std::string& failure) = 0;
+                              const std::string& state, const std::string& digest, int64_t bytes,
+                              const std::string& path, const std::string& failure) = 0;
   virtual void ReleaseArtifact(const std::string& key, int64_t stage_id, int attempt) = 0;
   virtual void RecordArtifactHit(const std::string& key) = 0;
   // Cache trust: the projects whose entries `project`'s cached stages may be served.
   virtual std::vector<std::string> TrustedProjects(const std::string& project) = 0;
   // The inputs of the key a running cached stage computed (for `cache why`).
-  virtual void RecordStageCacheInputs(int64_t stage_id, int attempt,
-                                      const std::string& inputs) = 0;
+  virtual void RecordStageCacheInputs(int64_t stage_id, int attempt, const std::string& inputs) = 0;
   // Every stage upstream of `stage_id`, by name, with the digest of what it produced (or
   // "attempt:<stage>/<n>" when that is unknown).
-  virtual std::vector<std::pair<std::string, std::string>> StageInputDigests(
-      int64_t stage_id) = 0;
+  virtual std::vector<std::pair<std::string, std::string>> StageInputDigests(int64_t stage_id) = 0;
 };
 
 // A new connection to the catalog at `url`, seen through the worker's door. Throws

@@ -51,16 +51,18 @@ TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
   std::string printed = m[1];
   // ... equals the ledger's sum, to the cent...
   schema::Catalog c(TestDatabase::url());
-  std::string sql_sum = schema::testing::QueryValue(c, 
-      "SELECT '$' || round(sum(cost_usd), 2)::text FROM trnflow.attempt_ledger WHERE run_id = " +
-      std::to_string(run));
+  std::string sql_sum = schema::testing::QueryValue(
+      c, "SELECT '$' || round(sum(cost_usd), 2)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+             std::to_string(run));
   EXPECT_EQ(printed, sql_sum);
   EXPECT_NE(printed, "$0.00");
   // ... and the views agree with the ledger to the micro-dollar.
-  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT cost_usd::text FROM trnflow.run_status WHERE run_id = " +
-                         std::to_string(run)),
-            schema::testing::QueryValue(c, "SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
-                         std::to_string(run)));
+  EXPECT_EQ(
+      schema::testing::QueryValue(
+          c, "SELECT cost_usd::text FROM trnflow.run_status WHERE run_id = " + std::to_string(run)),
+      schema::testing::QueryValue(
+          c, "SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+                 std::to_string(run)));
   // All ten stages succeeded with exactly one attempt each.
   Result show = Trnflow("show " + std::to_string(run) + " --format json");
   ASSERT_EQ(show.exit_code, 0) << show.err;
@@ -139,10 +141,11 @@ TEST(Cli, SpendEqualsTheViewsToTheCent) {
   auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 10u);
   for (const auto& row : rows) {
-    std::string view = schema::testing::QueryValue(c, 
+    std::string view = schema::testing::QueryValue(
+        c,
         "SELECT round(cost_usd, 2)::text FROM trnflow.spend_by_stage WHERE project = "
         "'spend-check' AND stage = '" +
-        row["stage"].get<std::string>() + "'");
+            row["stage"].get<std::string>() + "'");
     char mine[32];
     std::snprintf(mine, sizeof mine, "%.2f", row["cost_usd"].get<double>());
     EXPECT_EQ(view, mine) << row.dump();

@@ -10,10 +10,9 @@
 
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "common/money.h"
 #include "pipelines/pipeline.h"
@@ -32,7 +31,9 @@ using testing::Daemon;
 using testing::TestDatabase;
 using testing::WaitFor;
 
-std::string Q(schema::Catalog& c, const std::string& sql) { return schema::testing::QueryValue(c, sql); }
+std::string Q(schema::Catalog& c, const std::string& sql) {
+  return schema::testing::QueryValue(c, sql);
+}
 
 Money Usd(const std::string& text) {
   Money m;

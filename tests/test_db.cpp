@@ -39,9 +39,10 @@ std::string TestDatabase::NewLogin(const std::string& who) {
   schema::Catalog admin(g_owner_url);
   std::string role = "trnflow_test_" + g_name + "_" + who;
   std::string password = schema::RandomSecret();
-  schema::testing::QueryValue(admin, "DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
-                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
-                   g_name + "): member'; SELECT 1");
+  schema::testing::QueryValue(admin, "DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role +
+                                         " LOGIN PASSWORD '" + password + "'; COMMENT ON ROLE " +
+                                         role + " IS 'trnflow catalog test (" + g_name +
+                                         "): member'; SELECT 1");
   return schema::WithLogin(g_url, role, password);
 }
 
@@ -65,7 +66,8 @@ std::string CopyCatalog(const std::string& template_name, const std::string& nam
     // PostgreSQL copies no database anyone is connected to (an autovacuum worker passing by).
     for (int tries = 0;; ++tries) {
       try {
-        schema::testing::RunOutsideTransaction(admin, "CREATE DATABASE " + name + " TEMPLATE " + template_name);
+        schema::testing::RunOutsideTransaction(
+            admin, "CREATE DATABASE " + name + " TEMPLATE " + template_name);
         break;
       } catch (const std::exception& e) {
         if (tries >= 100 || !std::strstr(e.what(), "is being accessed by other users")) throw;
@@ -95,8 +97,8 @@ void MakeCatalogTemplate(const std::string& name) {
   // Nobody connects to it again: PostgreSQL copies only a database nobody is connected to, and
   // autovacuum leaves one that refuses connections alone.
   schema::Catalog admin(AdminUrl());
-  schema::testing::RunOutsideTransaction(admin,
-                                         "ALTER DATABASE " + name + " WITH ALLOW_CONNECTIONS false");
+  schema::testing::RunOutsideTransaction(
+      admin, "ALTER DATABASE " + name + " WITH ALLOW_CONNECTIONS false");
 }
 
 void DropCatalog(const std::string& name) {

@@ -70,7 +70,7 @@ void Worker::Impl::ClaimLoop() {
 // Runs what a claim took (its instances already counted in the pool's `used`): budgeted
 // stages get their spend caps first; one that must wait for its budget is handed back.
 void Worker::Impl::RunClaimed(std::unique_ptr<schema::WorkerCatalog>& cat, Pool& pool,
-                std::vector<schema::ClaimedStage>& claimed) {
+                              std::vector<schema::ClaimedStage>& claimed) {
   ReserveBudgets(cat, claimed);
   for (auto& c : claimed) {
     if (c.budget_wait || !claiming) {
@@ -109,7 +109,7 @@ std::optional<Money> Worker::Impl::ExpectedCost(const schema::ClaimedStage& c) {
 // billing minute waits (handed back) while others hold the rest; when nobody does, the budget
 // is spent and it ends at once as budget_exceeded, with nothing billed.
 void Worker::Impl::ReserveBudgets(std::unique_ptr<schema::WorkerCatalog>& cat,
-                    std::vector<schema::ClaimedStage>& claimed) {
+                                  std::vector<schema::ClaimedStage>& claimed) {
   std::vector<schema::ClaimedStage> budgeted;
   std::vector<std::optional<Money>> expected;
   for (const auto& c : claimed)

@@ -25,8 +25,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "schema/worker_catalog.h"
 #include "schema/member_lock_guard.h"
+#include "schema/worker_catalog.h"
 #include "workers/cache_runner.h"
 #include "workers/executor.h"
 #include "workers/worker.h"

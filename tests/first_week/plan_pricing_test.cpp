@@ -160,7 +160,8 @@ stages:
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
   schema::Catalog c(TestDatabase::url());
-  std::string seconds = schema::testing::QueryValue(c, 
+  std::string seconds = schema::testing::QueryValue(
+      c,
       "SELECT string_agg(a.sim_seconds::text, ',' ORDER BY a.sim_seconds) FROM trnflow.attempts a "
       "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
       "WHERE r.project = 'history' AND s.name = 'score' AND a.outcome = 'succeeded'");

@@ -410,13 +410,14 @@ TEST_F(SqlAttacks, TheDaemonsLoginCannotWriteANegativeOrHugeCost) {
         cost + ") RETURNING id";
     EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, sql)) << "cost " << cost;
   }
-  EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, 
+  EXPECT_ANY_THROW(schema::testing::QueryValue(
+      daemon,
       "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
       "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
       "billed_seconds, outcome, cost_usd) VALUES (" +
-      stage + ", " + std::to_string(run) +
-      ", 78, '00000000-0000-0000-0000-000000000078', 'forged', 'c6i.large', 1, 'on-demand', "
-      "0.085, now(), -3600, 60, 'succeeded', 0) RETURNING id"))
+          stage + ", " + std::to_string(run) +
+          ", 78, '00000000-0000-0000-0000-000000000078', 'forged', 'c6i.large', 1, 'on-demand', "
+          "0.085, now(), -3600, 60, 'succeeded', 0) RETURNING id"))
       << "negative simulated seconds";
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.attempts"), before);
   daemon.CancelRun(run);
@@ -626,8 +627,9 @@ TEST_F(SqlAttacks, TwoCatalogsOnOneServerShareNoProjectAndNoUid) {
   std::string seen;
   try {
     schema::Catalog d(here_daemon_there);
-    seen = schema::testing::QueryValue(d, "SET ROLE " + Member("alice2") +
-                        "; SELECT count(*) FROM trnflow.runs WHERE project = 'secret'");
+    seen = schema::testing::QueryValue(
+        d, "SET ROLE " + Member("alice2") +
+               "; SELECT count(*) FROM trnflow.runs WHERE project = 'secret'");
   } catch (const std::exception& e) {
     seen = std::string("refused: ") + e.what();
   }
@@ -647,8 +649,9 @@ TEST_F(SqlAttacks, TwoCatalogsOnOneServerShareNoProjectAndNoUid) {
   EXPECT_EQ(two.JobUidRange(), theirs);
   // Every project's uid lies in its catalog's range; one outside is refused.
   auto outside = [&](schema::Catalog& c, const std::string& r) {
-    return schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.projects WHERE job_uid NOT BETWEEN " +
-                        std::to_string(lo(r)) + " AND " + std::to_string(hi(r)));
+    return schema::testing::QueryValue(
+        c, "SELECT count(*) FROM trnflow.projects WHERE job_uid NOT BETWEEN " +
+               std::to_string(lo(r)) + " AND " + std::to_string(hi(r)));
   };
   EXPECT_EQ(outside(here_owner, mine), "0");
   EXPECT_EQ(outside(two, theirs), "0");

@@ -36,7 +36,8 @@ const std::string& Db() { return TestDatabase::database_name(); }
 // Every closed and open ledger row, as one digest.
 std::string LedgerChecksum() {
   schema::Catalog owner(TestDatabase::owner_url());
-  return schema::testing::QueryValue(owner, 
+  return schema::testing::QueryValue(
+      owner,
       "SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY id), '')) FROM trnflow.attempts a");
 }
 
@@ -101,12 +102,14 @@ TEST_F(Tenants, AMemberCannotWriteTheLedgerOrTakeTheServicesLocks) {
 TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   std::string before = LedgerChecksum();
   schema::Catalog alice(alice_url_);
-  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.runs WHERE project = 'ten-b'"), "0");
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT count(*) FROM trnflow.runs WHERE project = 'ten-b'"),
+            "0");
   EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.schedules"), "0")
       << "another project's schedule (and its pipeline source) is visible";
-  EXPECT_EQ(
-      schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
-      "0");
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
+            "0");
   EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.schedule_fires"), "0");
   // Submit, cancel, retry and resume in another project: refused in SQL, whatever the CLI says.
   auto p = testing::MustParse(kTiny);
@@ -120,9 +123,9 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   // In its own project it submits and cancels, under its own name.
   o.project = "ten-a";
   int64_t mine = alice.SubmitRun(p, o);
-  EXPECT_EQ(
-      schema::testing::QueryValue(alice, "SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
-      "trnflow_test_" + Db() + "_alice");
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
+            "trnflow_test_" + Db() + "_alice");
   EXPECT_TRUE(alice.CancelRun(mine).cancelled);
   EXPECT_THROW(alice.CancelRun(mine, "budget_exceeded"), PermissionDenied)
       << "only the daemons stop a run for its budget";
@@ -226,13 +229,16 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs"), runs) << "nothing written";
+  EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs"), runs)
+      << "nothing written";
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed 1e300").exit_code, 2);
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed nan").exit_code, 2);
   EXPECT_EQ(RunTrnflow("submit examples/climate/pipeline.yaml --speed 1e307").exit_code, 2);
   EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs"), runs);
-  EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 'NaN' RETURNING 1"));
-  EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 1e307 RETURNING 1"));
+  EXPECT_ANY_THROW(
+      schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 'NaN' RETURNING 1"));
+  EXPECT_ANY_THROW(
+      schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 1e307 RETURNING 1"));
 }
 
 // While one project has 20,000 stages ready in a pool, another's single stage is in the very
@@ -273,9 +279,10 @@ TEST_F(Tenants, ClaimsShareAPoolBetweenProjects) {
 TEST_F(Tenants, AJobFindsNoWayIntoTheCatalog) {
   std::string dir = testing::JobVisibleDir("attack");
   schema::Catalog daemon(TestDatabase::url());
-  std::string roles = "postgres trnflow " + schema::testing::QueryValue(daemon, "SELECT trnflow.daemon_role()") +
-                      " " + schema::testing::QueryValue(daemon, "SELECT trnflow.reader_role()") + " trnflow_test_" +
-                      Db() + "_alice root nobody";
+  std::string roles = "postgres trnflow " +
+                      schema::testing::QueryValue(daemon, "SELECT trnflow.daemon_role()") + " " +
+                      schema::testing::QueryValue(daemon, "SELECT trnflow.reader_role()") +
+                      " trnflow_test_" + Db() + "_alice root nobody";
   std::ofstream(dir + "/attack.sh")
       << "blocked=0; leaks=0\n"
          "try() { if eval \"$1\" >/dev/null 2>&1; then echo \"LEAK: $2\"; leaks=$((leaks+1)); "
@@ -339,7 +346,7 @@ TEST_F(Tenants, SecretsReachTheJobAndNothingElse) {
   schema::Catalog owner(TestDatabase::owner_url());
   for (const std::string table : {"pipelines", "stages", "attempts", "events", "runs"})
     EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow." + table +
-                               " t WHERE t::text LIKE '%" + value + "%'"),
+                                                     " t WHERE t::text LIKE '%" + value + "%'"),
               "0")
         << table;
   // Another project names the same secret: it is not its to have.
@@ -382,10 +389,12 @@ TEST_P(Runaway, StopsAtTheBudget) {
   EXPECT_EQ(attempts[0].outcome, "budget_exceeded") << attempts[0].message;
   Money limit, price;
   ASSERT_TRUE(Money::Parse(budget, &limit));
-  ASSERT_TRUE(Money::Parse(schema::testing::QueryValue(daemon, "SELECT price_usd_hour FROM trnflow.attempts WHERE "
-                                             "run_id = " +
-                                             std::to_string(run)),
-                           &price));
+  ASSERT_TRUE(
+      Money::Parse(schema::testing::QueryValue(daemon,
+                                               "SELECT price_usd_hour FROM trnflow.attempts WHERE "
+                                               "run_id = " +
+                                                   std::to_string(run)),
+                   &price));
   Money minute = Charge(price, 1, 60);
   EXPECT_LE(got->cost, limit + minute) << "spent past the budget";
   EXPECT_GE(got->cost + minute, limit) << "stopped long before the budget was spent";
@@ -415,8 +424,9 @@ TEST(Runaway, ParallelCommandsThatIgnoreSigtermStayInsideTheBudget) {
   for (const auto& a : attempts) EXPECT_EQ(a.outcome, "timeout") << a.message;
   Money price;
   ASSERT_TRUE(Money::Parse(
-      schema::testing::QueryValue(daemon, "SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " +
-                        std::to_string(run)),
+      schema::testing::QueryValue(
+          daemon,
+          "SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " + std::to_string(run)),
       &price));
   Money limit;
   ASSERT_TRUE(Money::Parse("50", &limit));

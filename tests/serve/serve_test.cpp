@@ -3,10 +3,10 @@
 // daemon, `trnflow serve` (one with no login on loopback, one behind a "proxy" header),
 // headless chromium, promtool and a Prometheus server. Screenshots are kept under
 // build/test-artifacts/serve/.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,8 +20,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
