@@ -15,6 +15,7 @@
 #include "common/env.h"
 #include "common/stage_spec.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 
 namespace trnflow::bench {
@@ -36,7 +37,8 @@ inline void DropBenchDatabase(const std::string& name) {
 // A benchmark's fresh catalog: migrated, with the project `bench` its stages belong to.
 inline void PrepareBenchCatalog(schema::Catalog& c) {
   c.Migrate(sim::Catalog::Builtin());
-  c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
+  schema::testing::QueryValue(c,
+                              "INSERT INTO trnflow.projects (name) VALUES ('bench') RETURNING 1");
 }
 
 // `--name value` pairs from the command line.
@@ -64,10 +66,10 @@ inline std::optional<double> WaitForRunFinish(
     schema::Catalog& c, int64_t run, std::chrono::minutes limit = std::chrono::minutes(15)) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
-    std::string end = c.QueryValue(
-        "SELECT extract(epoch FROM finished_at)::text "
-        "FROM trnflow.runs WHERE id = " +
-        std::to_string(run));
+    std::string end = schema::testing::QueryValue(c,
+                                                  "SELECT extract(epoch FROM finished_at)::text "
+                                                  "FROM trnflow.runs WHERE id = " +
+                                                      std::to_string(run));
     if (!end.empty()) return std::stod(end);
     usleep(5000);
   }
@@ -95,11 +97,13 @@ inline CostSnapshot SnapshotCost(const std::string& database) {
             secs(children.ru_stime);
   try {
     schema::Catalog admin(AdminUrl());
-    std::string wal = admin.QueryValue("SELECT wal_bytes::text FROM pg_stat_wal");
+    std::string wal = schema::testing::QueryValue(admin, "SELECT wal_bytes::text FROM pg_stat_wal");
     if (!wal.empty()) s.wal_bytes = std::stod(wal);
-    std::string pg = admin.QueryValue(
+    std::string pg = schema::testing::QueryValue(
+        admin,
         "SELECT coalesce(sum(total_exec_time), 0)::text FROM pg_stat_statements "
-        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '" + database + "')");
+        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '" +
+            database + "')");
     if (!pg.empty()) s.pg_ms = std::stod(pg);
   } catch (const std::exception& e) {  // no pg_stat_statements here: the figures stay -1
     std::fprintf(stderr, "bench: no server figures: %s\n", e.what());
@@ -131,45 +135,54 @@ inline double Percentile(std::vector<double> v, double p) {
 inline int64_t InsertStages(schema::Catalog& c, int64_t n, const std::string& state,
                             bool with_attempts) {
   const bool open = state == "ready" || state == "blocked";
-  std::string run = c.QueryValue(
+  std::string run = schema::testing::QueryValue(
+      c,
       "WITH p AS (INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ('bench', "
       "md5(random()::text), '') RETURNING id) "
       "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
       "SELECT id, 'bench', 1e9, 1, '/', '" +
-      std::string(open ? "running" : "succeeded") + "' FROM p RETURNING id");
+          std::string(open ? "running" : "succeeded") + "' FROM p RETURNING id");
   StageSpec noop;  // its spec as `submit` writes it
   noop.name = "s";
   noop.instance = "c6i.large";
   noop.command.argv = {"true"};
   const std::string spec = ToJson(noop);
-  c.QueryValue(
+  schema::testing::QueryValue(
+      c,
       "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
       "instance_count, market, state, pending_needs, spec, ready_at, attempts, finished_at) "
       "SELECT " +
-      run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state + "', " +
-      (state == "blocked" ? "1" : "0") + ", '" + spec + "'::jsonb, now(), " +
-      (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") + " FROM generate_series(1, " +
-      std::to_string(n) + ") g RETURNING 1");
+          run + ", 'bench', 's' || g, 'run', 'cpu', 'c6i.large', 1, 'on-demand', '" + state +
+          "', " + (state == "blocked" ? "1" : "0") + ", '" + spec + "'::jsonb, now(), " +
+          (with_attempts ? "1" : "0") + ", " + (open ? "NULL" : "now()") +
+          " FROM generate_series(1, " + std::to_string(n) + ") g RETURNING 1");
   if (state == "ready")  // the queue, as submit fills it
-    c.QueryValue(
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, ready_at, "
         "instance_count) SELECT run_id, id, project, pool, priority, ready_at, instance_count "
-        "FROM trnflow.stages WHERE run_id = " + run + " RETURNING 1");
+        "FROM trnflow.stages WHERE run_id = " +
+            run + " RETURNING 1");
   if (with_attempts) {
     // History, loaded in one statement: without the rollup's and the metrics' triggers, which
     // would hold every row of it in one transition table (the benchmarks that load history read
     // no report and scrape no /metrics).
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up");
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_count_metrics");
-    c.QueryValue(
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up");
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_count_metrics");
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
         "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
         "billed_seconds, outcome, cost_usd, wasted_usd, saved_usd, progress_to) "
         "SELECT id, run_id, 1, gen_random_uuid(), 'bench', 'c6i.large', 1, 'on-demand', 0.17, "
         "now(), 60, 60, 'succeeded', 0.002833, 0, 0, 1 FROM trnflow.stages WHERE run_id = " +
-        run + " RETURNING 1");
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_roll_up");
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_count_metrics");
+            run + " RETURNING 1");
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_roll_up");
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_count_metrics");
   }
   return std::stoll(run);
 }

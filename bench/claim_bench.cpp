@@ -19,6 +19,7 @@
 #include "bench/bench_util.h"
 #include "common/money.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 
 using namespace trnflow;
@@ -35,7 +36,7 @@ struct Figures {
 
 Figures Drain(schema::Catalog& c, int64_t ready, int batch) {
   InsertStages(c, ready, "ready", false);
-  c.QueryValue("ANALYZE trnflow.stages");
+  schema::testing::QueryValue(c, "ANALYZE trnflow.stages");
   const std::string worker = "00000000-0000-4000-8000-00000000beef";
   std::vector<double> claims, completes;
   int64_t done = 0;
@@ -61,7 +62,7 @@ Figures Drain(schema::Catalog& c, int64_t ready, int batch) {
       results.push_back(r);
     }
     auto t1 = Clock::now();
-    done += static_cast<int64_t>(c.CompleteAttempts(results).size());
+    done += static_cast<int64_t>(schema::testing::CompleteAttempts(c, results).size());
     completes.push_back(Ms(Clock::now() - t1));
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -116,10 +117,10 @@ int main(int argc, char** argv) {
     InsertStages(c, history, "succeeded", true);
     // Settle the bulk load (vacuum, visibility map, then a checkpoint: bench/pg.sh lets the
     // bench role take one) so the figures measure the queries, not the load's background writes.
-    c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
-    c.RunOutsideTransaction("VACUUM ANALYZE trnflow.attempts");
+    schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE trnflow.stages");
+    schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE trnflow.attempts");
     try {
-      c.RunOutsideTransaction("CHECKPOINT");
+      schema::testing::RunOutsideTransaction(c, "CHECKPOINT");
     } catch (const std::exception& e) {
       std::fprintf(out, "no checkpoint (%s); waiting instead\n", e.what());
       std::this_thread::sleep_for(std::chrono::seconds(30));
@@ -154,9 +155,10 @@ int main(int argc, char** argv) {
     std::fprintf(out, "%-28s %13.0f%% %13.0f%%\n", "time in slowest 1% batches",
                  100 * empty.slowest_share, 100 * full.slowest_share);
     InsertStages(c, 1000, "ready", false);
-    c.QueryValue("ANALYZE trnflow.stages");
+    schema::testing::QueryValue(c, "ANALYZE trnflow.stages");
     // EXPLAIN returns rows; a session-local function folds them into one value.
-    c.QueryValue(R"(CREATE FUNCTION pg_temp.explain_claim() RETURNS text LANGUAGE plpgsql AS $$
+    schema::testing::QueryValue(
+        c, R"(CREATE FUNCTION pg_temp.explain_claim() RETURNS text LANGUAGE plpgsql AS $$
       DECLARE line text; plan text := '';
       BEGIN
         FOR line IN EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
       END $$)");
     std::fprintf(out, "\nthe claim's scan, with %lld finished stages in the table:\n%s",
                  static_cast<long long>(history),
-                 c.QueryValue("SELECT pg_temp.explain_claim()").c_str());
+                 schema::testing::QueryValue(c, "SELECT pg_temp.explain_claim()").c_str());
   }
   if (std::getenv("TRNFLOW_BENCH_KEEP_DB"))
     std::fprintf(out, "kept database %s\n", name.c_str());

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
     WorkerProcesses procs(url, workers, capacity);  // idle and listening, as deployed
     schema::Catalog c(url);
     sleep(1);
-    double start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
+    double start =
+        std::stod(schema::testing::QueryValue(c, "SELECT extract(epoch FROM clock_timestamp())"));
     auto loaded = pipelines::LoadPipelineFile(file, {});
     if (!loaded.pipeline) {
       std::fprintf(stderr, "dag_bench: the generated pipeline does not validate\n");
@@ -50,18 +51,20 @@ int main(int argc, char** argv) {
     opts.speed = 1e9;
     opts.workdir = "/tmp";
     run = c.SubmitRun(*loaded.pipeline, opts);
-    submit_s = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())")) - start;
+    submit_s =
+        std::stod(schema::testing::QueryValue(c, "SELECT extract(epoch FROM clock_timestamp())")) -
+        start;
     auto end = WaitForRunFinish(c, run);
     if (!end) {
       std::fprintf(stderr, "dag_bench: the run did not finish in 15 minutes\n");
       return 1;
     }
     seconds = *end - start;
-    std::string state =
-        c.QueryValue("SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
-    std::string done = c.QueryValue(
-        "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
-        std::to_string(run));
+    std::string state = schema::testing::QueryValue(
+        c, "SELECT state FROM trnflow.runs WHERE id = " + std::to_string(run));
+    std::string done = schema::testing::QueryValue(
+        c, "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
+               std::to_string(run));
     if (state != "succeeded" || std::stoi(done) != stages) {
       std::fprintf(stderr, "dag_bench: run %s with %s of %d stages\n", state.c_str(), done.c_str(),
                    stages);

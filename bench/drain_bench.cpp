@@ -46,23 +46,26 @@ int main(int argc, char** argv) {
       schema::Catalog c(url);
       PrepareBenchCatalog(c);
       run = InsertStages(c, stages, "ready", false);
-      if (!feed) c.RunOutsideTransaction("ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
+      if (!feed)
+        schema::testing::RunOutsideTransaction(
+            c, "ALTER TABLE trnflow.stages DISABLE TRIGGER stages_changes");
       if (sql.starts_with("@")) {
         std::ifstream file(sql.substr(1));
         std::stringstream text;
         text << file.rdbuf();
         if (!file) throw std::runtime_error("drain_bench: cannot read " + sql.substr(1));
-        c.RunOutsideTransaction(text.str());
+        schema::testing::RunOutsideTransaction(c, text.str());
       } else {
         for (size_t at = 0, end; at < sql.size(); at = end + 1) {  // one statement at a time
           end = std::min(sql.find(';', at), sql.size());
           if (sql.find_first_not_of(" \n", at) < end)
-            c.RunOutsideTransaction(sql.substr(at, end - at));
+            schema::testing::RunOutsideTransaction(c, sql.substr(at, end - at));
         }
       }
-      c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
+      schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE trnflow.stages");
       // The clock starts before the worker processes do (their start-up counts).
-      start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
+      start =
+          std::stod(schema::testing::QueryValue(c, "SELECT extract(epoch FROM clock_timestamp())"));
     }
     std::fprintf(stderr, "drain_bench: %lld ready stages, %d worker process(es) x %d slots\n",
                  static_cast<long long>(stages), workers, capacity);
@@ -77,9 +80,9 @@ int main(int argc, char** argv) {
     seconds = *end - start;
     procs.Stop();  // waits for them: their CPU is in RUSAGE_CHILDREN now
     after = SnapshotCost(name);
-    std::string done = c.QueryValue(
-        "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
-        std::to_string(run));
+    std::string done = schema::testing::QueryValue(
+        c, "SELECT count(*) FROM trnflow.attempts WHERE outcome = 'succeeded' AND run_id = " +
+               std::to_string(run));
     if (std::stoll(done) != stages) {
       std::fprintf(stderr, "drain_bench: %s of %lld attempts succeeded\n", done.c_str(),
                    static_cast<long long>(stages));

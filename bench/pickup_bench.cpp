@@ -35,9 +35,9 @@ int main(int argc, char** argv) {
     schema::Catalog c(url);
     PrepareBenchCatalog(c);
     int64_t run = InsertStages(c, stages, "blocked", false);
-    int64_t first = std::stoll(
-        c.QueryValue("SELECT min(id) FROM trnflow.stages WHERE run_id = " + std::to_string(run)));
-    c.RunOutsideTransaction("VACUUM ANALYZE trnflow.stages");
+    int64_t first = std::stoll(schema::testing::QueryValue(
+        c, "SELECT min(id) FROM trnflow.stages WHERE run_id = " + std::to_string(run)));
+    schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE trnflow.stages");
     // Executor start times, by stage (steady clock, nanoseconds; 0 = not yet).
     std::vector<std::atomic<int64_t>> started(stages);
     auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
@@ -67,13 +67,15 @@ int main(int argc, char** argv) {
     for (int i = 0; i < stages; ++i) {
       t += std::chrono::microseconds(1000000 / rate);
       std::this_thread::sleep_until(t);
-      c.QueryValue(
+      schema::testing::QueryValue(
+          c,
           "WITH r AS (UPDATE trnflow.stages SET state = 'ready', ready_at = now(), "
-          "pending_needs = 0 WHERE id = " + std::to_string(first + i) +
-          " RETURNING run_id, id, project, pool, priority, ready_at, instance_count), "
-          "q AS (INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, "
-          "ready_at, instance_count) SELECT * FROM r) "
-          "SELECT pg_notify('trnflow_ready', pool) FROM r");
+          "pending_needs = 0 WHERE id = " +
+              std::to_string(first + i) +
+              " RETURNING run_id, id, project, pool, priority, ready_at, instance_count), "
+              "q AS (INSERT INTO trnflow.ready_stages (run_id, stage_id, project, pool, priority, "
+              "ready_at, instance_count) SELECT * FROM r) "
+              "SELECT pg_notify('trnflow_ready', pool) FROM r");
       committed[i] = now_ns();
     }
     auto deadline = Clock::now() + std::chrono::seconds(10);

@@ -14,6 +14,7 @@
 
 #include "bench/bench_util.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 
 using namespace trnflow;
@@ -34,27 +35,33 @@ int main(int argc, char** argv) {
     c.Migrate(sim::Catalog::Builtin());
     auto t0 = Clock::now();
     // Two projects, so the report has to pick one; every run in this month.
-    c.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('lab'), ('other') RETURNING 1");
-    c.QueryValue(
+    schema::testing::QueryValue(
+        c, "INSERT INTO trnflow.projects (name) VALUES ('lab'), ('other') RETURNING 1");
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.pipelines (name, spec_hash, source) VALUES ('bench', 'x', '') "
         "RETURNING 1");
-    c.QueryValue(
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state) "
         "SELECT 1, CASE WHEN g % 4 = 0 THEN 'other' ELSE 'lab' END, 1, 1, '/', 'succeeded' "
         "FROM generate_series(1, " +
-        std::to_string(runs) + ") g RETURNING 1");
-    c.QueryValue(
+            std::to_string(runs) + ") g RETURNING 1");
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type, "
         "instance_count, market, state, spec, attempts) "
         "SELECT r.id, r.project, 's' || k, CASE WHEN k % 10 = 0 THEN 'train' ELSE 'compile' END, "
         "'trn1', 'trn1.2xlarge', 1, CASE WHEN k % 2 = 0 THEN 'spot' ELSE 'on-demand' END, "
         "'succeeded', '{}'::jsonb, 1 FROM trnflow.runs r, generate_series(1, " +
-        std::to_string(stages_per_run) + ") k RETURNING 1");
+            std::to_string(stages_per_run) + ") k RETURNING 1");
     // Closed attempts in one statement; the rollup is then rebuilt from the ledger (the trigger
     // that folds each statement's inserted attempts is off for the load: one statement of 10M
     // rows would hold them all in its transition table; the report reads the same rollup).
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up");
-    c.QueryValue(
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts DISABLE TRIGGER attempts_roll_up");
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
         "instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour, "
         "started_at, finished_at, outcome, sim_seconds, billed_seconds, cost_usd, wasted_usd, "
@@ -63,17 +70,19 @@ int main(int argc, char** argv) {
         "date_trunc('month', now()) + (s.id % 20) * interval '1 day', "
         "date_trunc('month', now()) + (s.id % 20) * interval '1 day', 'succeeded', 3600, 3600, "
         "0.4, 0, 0, 0.9 FROM trnflow.stages s RETURNING 1");
-    c.RunOutsideTransaction("ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_roll_up");
-    c.RebuildSpendRollup();
-    c.RunOutsideTransaction("VACUUM ANALYZE");
+    schema::testing::RunOutsideTransaction(
+        c, "ALTER TABLE trnflow.attempts ENABLE TRIGGER attempts_roll_up");
+    schema::testing::RebuildSpendRollup(c);
+    schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE");
     load_s = Ms(Clock::now() - t0) / 1000;
     std::fprintf(out,
                  "report_bench: %s attempt rows (%lld runs x %lld stages, 3/4 in project lab) "
                  "loaded in %.1f s\n",
-                 c.QueryValue("SELECT count(*) FROM trnflow.attempts").c_str(),
+                 schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempts").c_str(),
                  static_cast<long long>(runs), static_cast<long long>(stages_per_run),
                  Ms(Clock::now() - t0) / 1000);
-    std::string month = c.QueryValue("SELECT to_char(date_trunc('month', now()), 'YYYY-MM-DD')");
+    std::string month =
+        schema::testing::QueryValue(c, "SELECT to_char(date_trunc('month', now()), 'YYYY-MM-DD')");
     std::vector<double> report, view;
     std::string check;
     for (int i = 0; i < repeat; ++i) {
@@ -84,10 +93,11 @@ int main(int argc, char** argv) {
       for (const auto& r : rows) total += r.cost;
       check = total.ToDollars();
       t = Clock::now();
-      c.QueryValue(
+      schema::testing::QueryValue(
+          c,
           "SELECT sum(cost_usd) FROM (SELECT stage, sum(cost_usd) AS cost_usd FROM "
           "trnflow.attempt_ledger WHERE project = 'lab' AND started_at >= '" +
-          month + "' GROUP BY stage) x");
+              month + "' GROUP BY stage) x");
       view.push_back(Ms(Clock::now() - t));
     }
     report_p50 = Percentile(report, 0.5);
@@ -102,9 +112,10 @@ int main(int argc, char** argv) {
                  *std::max_element(view.begin(), view.end()));
     std::fprintf(
         out, "total reported for lab: %s (rollup and ledger agree: %s)\n", check.c_str(),
-        c.QueryValue(
-             "SELECT (SELECT sum(cost_usd) FROM trnflow.spend_rollup WHERE project = 'lab') = "
-             "(SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE project = 'lab')")
+        schema::testing::QueryValue(
+            c,
+            "SELECT (SELECT sum(cost_usd) FROM trnflow.spend_rollup WHERE project = 'lab') = "
+            "(SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE project = 'lab')")
             .c_str());
   }
   DropBenchDatabase(name);

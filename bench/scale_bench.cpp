@@ -134,10 +134,12 @@ std::string TemplateYaml() {
 
 // Columns of a trnflow table, in order, with whether each is a timestamptz.
 std::vector<std::pair<std::string, bool>> Columns(schema::Catalog& c, const std::string& table) {
-  std::string list = c.QueryValue(
+  std::string list = schema::testing::QueryValue(
+      c,
       "SELECT string_agg(column_name || ':' || (data_type = 'timestamp with time zone')::text, "
       "',' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_schema = "
-      "'trnflow' AND table_name = '" + table + "' AND is_generated = 'NEVER'");
+      "'trnflow' AND table_name = '" +
+          table + "' AND is_generated = 'NEVER'");
   std::vector<std::pair<std::string, bool>> out;
   std::stringstream s(list);
   for (std::string item; std::getline(s, item, ',');) {
@@ -179,11 +181,12 @@ void CloneRuns(schema::Catalog& c, const Template& t, int64_t n) {
   const int64_t chunk = 2000;
   for (int64_t done = 0; done < n; done += chunk) {
     int64_t k = std::min(chunk, n - done);
-    int64_t run_base = std::stoll(c.QueryValue("SELECT coalesce(max(id), 0) FROM trnflow.runs"));
-    int64_t stage_base =
-        std::stoll(c.QueryValue("SELECT coalesce(max(id), 0) FROM trnflow.stages"));
-    int64_t att_base =
-        std::stoll(c.QueryValue("SELECT coalesce(max(id), 0) FROM trnflow.attempts"));
+    int64_t run_base =
+        std::stoll(schema::testing::QueryValue(c, "SELECT coalesce(max(id), 0) FROM trnflow.runs"));
+    int64_t stage_base = std::stoll(
+        schema::testing::QueryValue(c, "SELECT coalesce(max(id), 0) FROM trnflow.stages"));
+    int64_t att_base = std::stoll(
+        schema::testing::QueryValue(c, "SELECT coalesce(max(id), 0) FROM trnflow.attempts"));
     const int64_t S = t.smax - t.smin + 1, A = t.amax - t.amin + 1;
     const std::string run_id = "(" + std::to_string(run_base) + " + g)";
     const std::string project =
@@ -200,35 +203,37 @@ void CloneRuns(schema::Catalog& c, const Template& t, int64_t n) {
     };
     const std::string series = "generate_series(1, " + std::to_string(k) + ") g";
     const std::string of_run = " WHERE t.run_id = " + std::to_string(t.run);
-    c.QueryValue(CloneSql(c, "runs",
-                          {{"id", run_id},
-                           {"project", project},
-                           {"pipeline_id", "(SELECT min(id) FROM trnflow.pipelines) + g % 5"}},
-                          shift,
-                          "trnflow.runs t, " + series + " WHERE t.id = " + std::to_string(t.run)) +
-                 " RETURNING 1");
-    c.QueryValue(CloneSql(c, "stages",
-                          {{"id", stage("t.id")},
-                           {"run_id", run_id},
-                           {"project", project},
-                           {"attempt_id", "CASE WHEN t.attempt_id IS NULL THEN NULL ELSE " +
-                                              attempt("t.attempt_id") + " END"}},
-                          shift, "trnflow.stages t, " + series + of_run) +
-                 " RETURNING 1");
-    c.QueryValue(CloneSql(c, "stage_deps",
-                          {{"stage_id", stage("t.stage_id")}, {"needs_id", stage("t.needs_id")}},
-                          shift,
-                          "trnflow.stage_deps t JOIN trnflow.stages s ON s.id = t.stage_id, " +
-                              series + " WHERE s.run_id = " + std::to_string(t.run)) +
-                 " RETURNING 1");
-    c.QueryValue(CloneSql(c, "attempts",
-                          {{"id", attempt("t.id")},
-                           {"stage_id", stage("t.stage_id")},
-                           {"run_id", run_id}},
-                          shift, "trnflow.attempts t, " + series + of_run) +
-                 " RETURNING 1");
+    schema::testing::QueryValue(
+        c, CloneSql(c, "runs",
+                    {{"id", run_id},
+                     {"project", project},
+                     {"pipeline_id", "(SELECT min(id) FROM trnflow.pipelines) + g % 5"}},
+                    shift, "trnflow.runs t, " + series + " WHERE t.id = " + std::to_string(t.run)) +
+               " RETURNING 1");
+    schema::testing::QueryValue(
+        c, CloneSql(c, "stages",
+                    {{"id", stage("t.id")},
+                     {"run_id", run_id},
+                     {"project", project},
+                     {"attempt_id", "CASE WHEN t.attempt_id IS NULL THEN NULL ELSE " +
+                                        attempt("t.attempt_id") + " END"}},
+                    shift, "trnflow.stages t, " + series + of_run) +
+               " RETURNING 1");
+    schema::testing::QueryValue(
+        c, CloneSql(c, "stage_deps",
+                    {{"stage_id", stage("t.stage_id")}, {"needs_id", stage("t.needs_id")}}, shift,
+                    "trnflow.stage_deps t JOIN trnflow.stages s ON s.id = t.stage_id, " + series +
+                        " WHERE s.run_id = " + std::to_string(t.run)) +
+               " RETURNING 1");
+    schema::testing::QueryValue(
+        c,
+        CloneSql(c, "attempts",
+                 {{"id", attempt("t.id")}, {"stage_id", stage("t.stage_id")}, {"run_id", run_id}},
+                 shift, "trnflow.attempts t, " + series + of_run) +
+            " RETURNING 1");
   }
-  c.QueryValue(
+  schema::testing::QueryValue(
+      c,
       "SELECT setval('trnflow.runs_id_seq', (SELECT max(id) FROM trnflow.runs)), "
       "setval('trnflow.stages_id_seq', (SELECT max(id) FROM trnflow.stages)), "
       "setval(pg_get_serial_sequence('trnflow.attempts', 'id'), "
@@ -277,8 +282,8 @@ int main(int argc, char** argv) {
   schema::Catalog& c = *catalog;
   if (!reuse.empty()) {  // a load stopped part way leaves them off and the stages packed
     for (const char* table : {"stages", "runs"})
-      c.RunOutsideTransaction(std::string("ALTER TABLE trnflow.") + table + " ENABLE TRIGGER USER");
-    c.RunOutsideTransaction("ALTER TABLE trnflow.stages SET (fillfactor = 50)");
+      schema::testing::RunOutsideTransaction(c, std::string("ALTER TABLE trnflow.") + table + " ENABLE TRIGGER USER");
+    schema::testing::RunOutsideTransaction(c, "ALTER TABLE trnflow.stages SET (fillfactor = 50)");
   }
   auto m0 = Clock::now();
   c.Migrate(sim::Catalog::Builtin());
@@ -290,8 +295,11 @@ int main(int argc, char** argv) {
   Template t;
   if (reuse.empty()) {
   // Projects p000..p199; the template run is p000's, made by the write path.
-  c.QueryValue("INSERT INTO trnflow.projects (name) SELECT 'p' || lpad(g::text, 3, '0') FROM "
-               "generate_series(0, " + std::to_string(kProjects - 1) + ") g RETURNING 1");
+  schema::testing::QueryValue(
+      c,
+      "INSERT INTO trnflow.projects (name) SELECT 'p' || lpad(g::text, 3, '0') FROM "
+      "generate_series(0, " +
+          std::to_string(kProjects - 1) + ") g RETURNING 1");
   std::string file = home + "/sweep.yaml";
   std::ofstream(file) << TemplateYaml();
   int code = RunCli({"run", file, "--project", "p000", "--speed", "1000000"}, env, log);
@@ -300,32 +308,38 @@ int main(int argc, char** argv) {
                  log.c_str());
     return 1;
   }
-  t.run = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.runs"));
-  t.smin = std::stoll(c.QueryValue("SELECT min(id) FROM trnflow.stages"));
-  t.smax = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.stages"));
-  t.amin = std::stoll(c.QueryValue("SELECT min(id) FROM trnflow.attempts"));
-  t.amax = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.attempts"));
-  t.attempts = std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.attempts"));
-  t.created = c.QueryValue("SELECT created_at::text FROM trnflow.runs WHERE id = " +
-                           std::to_string(t.run));
+  t.run = std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.runs"));
+  t.smin = std::stoll(schema::testing::QueryValue(c, "SELECT min(id) FROM trnflow.stages"));
+  t.smax = std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.stages"));
+  t.amin = std::stoll(schema::testing::QueryValue(c, "SELECT min(id) FROM trnflow.attempts"));
+  t.amax = std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.attempts"));
+  t.attempts = std::stoll(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempts"));
+  t.created = schema::testing::QueryValue(
+      c, "SELECT created_at::text FROM trnflow.runs WHERE id = " + std::to_string(t.run));
   std::fprintf(stderr, "scale_bench: template run %lld: %s stages, %lld attempts\n",
                static_cast<long long>(t.run),
-               c.QueryValue("SELECT count(*) FROM trnflow.stages").c_str(),
+               schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages").c_str(),
                static_cast<long long>(t.attempts));
   // Four more pipelines of the same text (runs are spread over five).
-  c.QueryValue("INSERT INTO trnflow.pipelines (name, spec_hash, source) SELECT name || '-' || g, "
-               "spec_hash, source FROM trnflow.pipelines, generate_series(1, 4) g RETURNING 1");
+  schema::testing::QueryValue(
+      c,
+      "INSERT INTO trnflow.pipelines (name, spec_hash, source) SELECT name || '-' || g, "
+      "spec_hash, source FROM trnflow.pipelines, generate_series(1, 4) g RETURNING 1");
   // What the rest of a lab's catalog holds: schedules (nightly, staggered), budgets, cache
   // entries (copies of the template's compiled graphs under new keys), live workers.
-  c.QueryValue(
+  schema::testing::QueryValue(
+      c,
       "INSERT INTO trnflow.schedules (name, file, source, project, cron, speed, workdir) "
-      "SELECT 'nightly-' || g, '" + file + "', p.source, 'p' || lpad((g % " +
-      std::to_string(kProjects) + ")::text, 3, '0'), (g % 60) || ' ' || (g % 24) || ' * * *', "
-      "1000000, '/tmp' FROM generate_series(1, 1000) g, (SELECT source FROM trnflow.pipelines "
-      "ORDER BY id LIMIT 1) p RETURNING 1");
-  c.QueryValue("INSERT INTO trnflow.budgets (project, amount_usd, period) SELECT 'p' || "
-               "lpad(g::text, 3, '0'), 10000, CASE WHEN g < 50 THEN 'month' ELSE 'total' END "
-               "FROM generate_series(0, 59) g RETURNING 1");
+      "SELECT 'nightly-' || g, '" +
+          file + "', p.source, 'p' || lpad((g % " + std::to_string(kProjects) +
+          ")::text, 3, '0'), (g % 60) || ' ' || (g % 24) || ' * * *', "
+          "1000000, '/tmp' FROM generate_series(1, 1000) g, (SELECT source FROM trnflow.pipelines "
+          "ORDER BY id LIMIT 1) p RETURNING 1");
+  schema::testing::QueryValue(
+      c,
+      "INSERT INTO trnflow.budgets (project, amount_usd, period) SELECT 'p' || "
+      "lpad(g::text, 3, '0'), 10000, CASE WHEN g < 50 THEN 'month' ELSE 'total' END "
+      "FROM generate_series(0, 59) g RETURNING 1");
   {
     std::map<std::string, std::string> o = {
         {"id", "(SELECT max(id) FROM trnflow.artifacts) + g"},
@@ -333,52 +347,70 @@ int main(int argc, char** argv) {
     auto cols = Columns(c, "artifacts");
     if (std::any_of(cols.begin(), cols.end(), [](auto& p) { return p.first == "digest"; }))
       o["digest"] = "CASE WHEN t.digest IS NULL THEN NULL ELSE md5(t.digest || g) END";
-    c.QueryValue(CloneSql(c, "artifacts", o, "interval '0'",
-                          "(SELECT * FROM trnflow.artifacts ORDER BY id LIMIT 1) t, "
-                          "generate_series(1, 5000) g") +
-                 " RETURNING 1");
-    c.QueryValue("SELECT setval(pg_get_serial_sequence('trnflow.artifacts', 'id'), (SELECT "
-                 "max(id) FROM trnflow.artifacts))");
+    schema::testing::QueryValue(c,
+                                CloneSql(c, "artifacts", o, "interval '0'",
+                                         "(SELECT * FROM trnflow.artifacts ORDER BY id LIMIT 1) t, "
+                                         "generate_series(1, 5000) g") +
+                                    " RETURNING 1");
+    schema::testing::QueryValue(
+        c,
+        "SELECT setval(pg_get_serial_sequence('trnflow.artifacts', 'id'), (SELECT "
+        "max(id) FROM trnflow.artifacts))");
   }
-  c.QueryValue("INSERT INTO trnflow.workers (id, host, pid, pools) SELECT gen_random_uuid(), "
-               "'host-' || g, g, '{\"trn1\": 8, \"cpu\": 16}' FROM generate_series(1, 20) g "
-               "RETURNING 1");
+  schema::testing::QueryValue(
+      c,
+      "INSERT INTO trnflow.workers (id, host, pid, pools) SELECT gen_random_uuid(), "
+      "'host-' || g, g, '{\"trn1\": 8, \"cpu\": 16}' FROM generate_series(1, 20) g "
+      "RETURNING 1");
   // The 10,000-stage run `show` reads: the template run's first compile stage, 10,000 times.
   {
-    int64_t run_base = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.runs"));
-    int64_t stage_base = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.stages"));
-    int64_t att_base = std::stoll(c.QueryValue("SELECT max(id) FROM trnflow.attempts"));
-    std::string one = c.QueryValue("SELECT min(id) FROM trnflow.stages WHERE kind = 'compile' "
-                                   "AND run_id = " + std::to_string(t.run));
+    int64_t run_base =
+        std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.runs"));
+    int64_t stage_base =
+        std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.stages"));
+    int64_t att_base =
+        std::stoll(schema::testing::QueryValue(c, "SELECT max(id) FROM trnflow.attempts"));
+    std::string one =
+        schema::testing::QueryValue(c,
+                                    "SELECT min(id) FROM trnflow.stages WHERE kind = 'compile' "
+                                    "AND run_id = " +
+                                        std::to_string(t.run));
     std::string big = std::to_string(run_base + 1);
-    c.QueryValue(CloneSql(c, "runs", {{"id", big}}, "interval '0'",
-                          "trnflow.runs t WHERE t.id = " + std::to_string(t.run)) +
-                 " RETURNING 1");
-    c.QueryValue(CloneSql(c, "stages",
-                          {{"id", std::to_string(stage_base) + " + g"},
-                           {"run_id", big},
-                           {"name", "'sweep[i=' || g || ']'"},
-                           {"attempt_id", "CASE WHEN t.attempt_id IS NULL THEN NULL ELSE " +
-                                              std::to_string(att_base) + " + g END"}},
-                          "interval '0'",
-                          "trnflow.stages t, generate_series(1, 10000) g WHERE t.id = " + one) +
-                 " RETURNING 1");
-    c.QueryValue(CloneSql(c, "attempts",
-                          {{"id", std::to_string(att_base) + " + g"},
-                           {"stage_id", std::to_string(stage_base) + " + g"},
-                           {"run_id", big}},
-                          "interval '0'",
-                          "(SELECT * FROM trnflow.attempts WHERE stage_id = " + one +
-                              " ORDER BY attempt DESC LIMIT 1) t, generate_series(1, 10000) g") +
-                 " RETURNING 1");
+    schema::testing::QueryValue(c,
+                                CloneSql(c, "runs", {{"id", big}}, "interval '0'",
+                                         "trnflow.runs t WHERE t.id = " + std::to_string(t.run)) +
+                                    " RETURNING 1");
+    schema::testing::QueryValue(
+        c, CloneSql(c, "stages",
+                    {{"id", std::to_string(stage_base) + " + g"},
+                     {"run_id", big},
+                     {"name", "'sweep[i=' || g || ']'"},
+                     {"attempt_id", "CASE WHEN t.attempt_id IS NULL THEN NULL ELSE " +
+                                        std::to_string(att_base) + " + g END"}},
+                    "interval '0'",
+                    "trnflow.stages t, generate_series(1, 10000) g WHERE t.id = " + one) +
+               " RETURNING 1");
+    schema::testing::QueryValue(
+        c, CloneSql(c, "attempts",
+                    {{"id", std::to_string(att_base) + " + g"},
+                     {"stage_id", std::to_string(stage_base) + " + g"},
+                     {"run_id", big}},
+                    "interval '0'",
+                    "(SELECT * FROM trnflow.attempts WHERE stage_id = " + one +
+                        " ORDER BY attempt DESC LIMIT 1) t, generate_series(1, 10000) g") +
+               " RETURNING 1");
   }
   }  // a new catalog
   // The 10,000-stage run: the one after the template run, which is the first.
-  const std::string big_run = c.QueryValue("SELECT min(id) + 1 FROM trnflow.runs");
-  if (reuse.empty()) c.QueryValue("SELECT setval('trnflow.runs_id_seq', (SELECT max(id) FROM trnflow.runs)), "
-               "setval('trnflow.stages_id_seq', (SELECT max(id) FROM trnflow.stages)), "
-               "setval(pg_get_serial_sequence('trnflow.attempts', 'id'), "
-               "(SELECT max(id) FROM trnflow.attempts))");
+  const std::string big_run =
+      schema::testing::QueryValue(c, "SELECT min(id) + 1 FROM trnflow.runs");
+  if (reuse.empty())
+    schema::testing::QueryValue(
+        c,
+        "SELECT setval('trnflow.runs_id_seq', (SELECT max(id) FROM trnflow.runs)), "
+        "setval('trnflow.stages_id_seq', (SELECT max(id) FROM trnflow.stages)), "
+        "setval(pg_get_serial_sequence('trnflow.attempts', 'id'), "
+        "(SELECT max(id) FROM trnflow.attempts))");
   std::fprintf(stderr, "scale_bench: catalog made in %.1f s\n", Ms(Clock::now() - t0) / 1000);
 
   // The dashboard.
@@ -435,8 +467,10 @@ int main(int argc, char** argv) {
   };
   std::map<std::string, std::vector<double>> p50;  // read -> p50 per size
   std::vector<int64_t> measured;
-  int64_t have = reuse.empty() ? t.attempts + 10000
-                               : std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.attempts"));
+  int64_t have =
+      reuse.empty()
+          ? t.attempts + 10000
+          : std::stoll(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempts"));
   for (int64_t size : sizes) {
     auto g0 = Clock::now();
     int64_t runs = reuse.empty() ? std::max<int64_t>(0, (size - have) / t.attempts) : 0;
@@ -444,34 +478,38 @@ int main(int argc, char** argv) {
       // The ledger's triggers fold each chunk into the rollups and counters; the change feed's
       // are off, and the stages packed, while copying.
       for (const char* table : {"stages", "runs"})
-        c.RunOutsideTransaction(std::string("ALTER TABLE trnflow.") + table +
+        schema::testing::RunOutsideTransaction(c, std::string("ALTER TABLE trnflow.") + table +
                                 " DISABLE TRIGGER USER");
-      c.RunOutsideTransaction("ALTER TABLE trnflow.stages SET (fillfactor = 100)");
+      schema::testing::RunOutsideTransaction(c, "ALTER TABLE trnflow.stages SET (fillfactor = 100)");
       CloneRuns(c, t, runs);
-      c.RunOutsideTransaction("ALTER TABLE trnflow.stages SET (fillfactor = 50)");
+      schema::testing::RunOutsideTransaction(c, "ALTER TABLE trnflow.stages SET (fillfactor = 50)");
       for (const char* table : {"stages", "runs"})
-        c.RunOutsideTransaction(std::string("ALTER TABLE trnflow.") + table +
+        schema::testing::RunOutsideTransaction(c, std::string("ALTER TABLE trnflow.") + table +
                                 " ENABLE TRIGGER USER");
       have += runs * t.attempts;
     }
     if (reuse.empty()) {
-      c.RunOutsideTransaction("VACUUM ANALYZE");
+      schema::testing::RunOutsideTransaction(c, "VACUUM ANALYZE");
     } else {  // a kept catalog of tens of GB: statistics, and the visibility of what reads read
-      c.RunOutsideTransaction("ANALYZE");
-      c.RunOutsideTransaction("VACUUM ANALYZE trnflow.runs, trnflow.spend_month, "
-                              "trnflow.spend_month_stage, trnflow.spend_day, trnflow.spend_rollup, "
-                              "trnflow.attempt_counts, trnflow.budgets, trnflow.workers, "
-                              "trnflow.artifacts, trnflow.schedules");
+      schema::testing::RunOutsideTransaction(c, "ANALYZE");
+      schema::testing::RunOutsideTransaction(
+          c,
+          "VACUUM ANALYZE trnflow.runs, trnflow.spend_month, "
+          "trnflow.spend_month_stage, trnflow.spend_day, trnflow.spend_rollup, "
+          "trnflow.attempt_counts, trnflow.budgets, trnflow.workers, "
+          "trnflow.artifacts, trnflow.schedules");
     }
-    int64_t attempts = std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.attempts"));
-    std::fprintf(stderr,
-                 "scale_bench: %lld attempts, %s runs, %s stages, %s rollup rows (grown in "
-                 "%.1f s); timing %zu reads x %d\n",
-                 static_cast<long long>(attempts),
-                 c.QueryValue("SELECT count(*) FROM trnflow.runs").c_str(),
-                 c.QueryValue("SELECT count(*) FROM trnflow.stages").c_str(),
-                 c.QueryValue("SELECT count(*) FROM trnflow.spend_rollup").c_str(),
-                 Ms(Clock::now() - g0) / 1000, reads.size(), reps);
+    int64_t attempts =
+        std::stoll(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempts"));
+    std::fprintf(
+        stderr,
+        "scale_bench: %lld attempts, %s runs, %s stages, %s rollup rows (grown in "
+        "%.1f s); timing %zu reads x %d\n",
+        static_cast<long long>(attempts),
+        schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs").c_str(),
+        schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages").c_str(),
+        schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.spend_rollup").c_str(),
+        Ms(Clock::now() - g0) / 1000, reads.size(), reps);
     measured.push_back(attempts);
     std::string line = "{\"system\":\"trnflow\",\"workload\":\"scale\",\"attempts\":" +
                        std::to_string(attempts);

@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
     schema::SubmitOptions opts;
     opts.speed = 1e9;
     opts.workdir = "/tmp";
-    double start = std::stod(c.QueryValue("SELECT extract(epoch FROM clock_timestamp())"));
+    double start =
+        std::stod(schema::testing::QueryValue(c, "SELECT extract(epoch FROM clock_timestamp())"));
     run = c.SubmitRun(*loaded.pipeline, opts);
     run_id = run;
     std::string id = std::to_string(run);
@@ -268,17 +269,22 @@ int main(int argc, char** argv) {
       l.bytes = r->body.size();
     };
     auto finished = [&] {
-      return c.QueryValue("SELECT state FROM trnflow.runs WHERE id = " + id) != "running";
+      return schema::testing::QueryValue(c, "SELECT state FROM trnflow.runs WHERE id = " + id) !=
+             "running";
     };
     while (!finished()) {
       timed("/runs/" + id, page);
       timed("/api/runs/" + id, api);
       timed("/api/runs/" + id + "?collapse=1", fresh);
     }
-    run_s = std::stod(c.QueryValue("SELECT extract(epoch FROM finished_at) FROM trnflow.runs "
-                                   "WHERE id = " + id)) - start;
+    run_s = std::stod(schema::testing::QueryValue(
+                c,
+                "SELECT extract(epoch FROM finished_at) FROM trnflow.runs "
+                "WHERE id = " +
+                    id)) -
+            start;
     // Let the streams take in the last changes (at most a minute), then close them.
-    changes = std::stoll(c.QueryValue("SELECT count(*) FROM trnflow.changes"));
+    changes = std::stoll(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.changes"));
     auto drain_start = Clock::now();
     for (int i = 0; i < 1200 && events < changes * streams; ++i) usleep(50000);
     drain_s = Ms(Clock::now() - drain_start) / 1000;

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "submit_bench: trnflow submit failed (status %d)\n", status);
       return 1;
     }
-    std::string count = c.QueryValue("SELECT count(*) FROM trnflow.stages");
+    std::string count = schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages");
     if (std::stoi(count) != stages) {
       std::fprintf(stderr, "submit_bench: %s stages committed, not %d\n", count.c_str(), stages);
       return 1;

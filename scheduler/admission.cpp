@@ -5,7 +5,7 @@
 
 namespace trnflow::scheduler {
 
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::SchedulerCatalog* catalog,
                              double speed) {
   if (!catalog) {
     pipelines::PlanInputs none;
@@ -32,7 +32,7 @@ pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* cata
   return pipelines::MakePlan(p, in);
 }
 
-std::optional<pipelines::Plan> PlanForAdmission(schema::Catalog& catalog,
+std::optional<pipelines::Plan> PlanForAdmission(schema::SchedulerCatalog& catalog,
                                                 const pipelines::Pipeline& p,
                                                 schema::SubmitOptions* o) {
   if (o->force) return std::nullopt;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "pipelines/plan.h"
-#include "schema/catalog.h"
+#include "schema/scheduler_catalog.h"
 
 namespace trnflow::scheduler {
 
@@ -16,13 +16,13 @@ namespace trnflow::scheduler {
 // median of their past runs in the same project and pipeline. With none (`plan` when the
 // catalog is unreachable): neither. `speed`: the run's (a command is billed its wall time
 // times it); 0: past runs as they ran. Throws CatalogUnavailable if the catalog fails midway.
-pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::Catalog* catalog,
+pipelines::Plan EstimatePlan(const pipelines::Pipeline& p, schema::SchedulerCatalog* catalog,
                              double speed = 0);
 
 // Fills `o`'s admission fields from the plan of `p`, when a budget applies (the run's own
 // budget_usd or its project's); returns that plan, or nullopt when no budget applies (nothing
 // is estimated then: SQL admits on its floor, which no budget can refuse).
-std::optional<pipelines::Plan> PlanForAdmission(schema::Catalog& catalog,
+std::optional<pipelines::Plan> PlanForAdmission(schema::SchedulerCatalog& catalog,
                                                 const pipelines::Pipeline& p,
                                                 schema::SubmitOptions* o);
 

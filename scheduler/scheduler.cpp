@@ -15,8 +15,8 @@
 #include "scheduler/admission.h"
 #include "scheduler/cron.h"
 #include "schema/attempt_end.h"
-#include "schema/catalog.h"
 #include "schema/member_lock_guard.h"
+#include "schema/scheduler_catalog.h"
 
 namespace trnflow::scheduler {
 namespace {
@@ -25,11 +25,11 @@ using Steady = std::chrono::steady_clock;
 
 // One maintenance service: what it does each time it is due, and how often.
 struct Service {
-  Service(const char* n, double every, std::function<void(schema::Catalog&)> body)
+  Service(const char* n, double every, std::function<void(schema::SchedulerCatalog&)> body)
       : name(n), every_s(every), run(std::move(body)), log(Logger(std::string("scheduler.") + n)) {}
   const char* name;
   double every_s;
-  std::function<void(schema::Catalog&)> run;
+  std::function<void(schema::SchedulerCatalog&)> run;
   std::shared_ptr<spdlog::logger> log;
   Steady::time_point due = Steady::now();
 };
@@ -43,7 +43,7 @@ int ThresholdReached(Money spent, Money budget) {
 
 // Budgets are enforced on actual spend (running attempts included): announce each threshold
 // once per period, and at 100% stop the project's (or the run's) running runs.
-void GuardBudgets(schema::Catalog& c) {
+void GuardBudgets(schema::SchedulerCatalog& c) {
   auto log = Logger("scheduler.budget");
   for (const auto& b : c.ProjectBudgets()) {
     int reached = ThresholdReached(b.spent, b.amount);
@@ -86,7 +86,7 @@ void GuardBudgets(schema::Catalog& c) {
 
 namespace {
 // A schedule's snapshot with its params and project, as every fire of it submits it.
-pipelines::LoadResult LoadSnapshot(schema::Catalog& c, const schema::ScheduleRow& s) {
+pipelines::LoadResult LoadSnapshot(schema::SchedulerCatalog& c, const schema::ScheduleRow& s) {
   nlohmann::json params = nlohmann::json::parse(s.params_json, nullptr, false);
   pipelines::LoadOptions opts;
   if (params.is_object())
@@ -111,7 +111,7 @@ schema::SubmitOptions FireOptions(const schema::ScheduleRow& s) {
 }
 }  // namespace
 
-int64_t FireScheduleNow(schema::Catalog& c, const std::string& name) {
+int64_t FireScheduleNow(schema::SchedulerCatalog& c, const std::string& name) {
   auto s = c.GetSchedule(name);
   if (!s) throw UserError("there is no schedule '" + name + "'; `trnflow schedule ls` lists them");
   if (s->paused)
@@ -130,7 +130,7 @@ int64_t FireScheduleNow(schema::Catalog& c, const std::string& name) {
   return c.FireScheduleNow(name, *loaded.pipeline, so);
 }
 
-int FireDueSchedules(schema::Catalog& c, std::chrono::system_clock::time_point now) {
+int FireDueSchedules(schema::SchedulerCatalog& c, std::chrono::system_clock::time_point now) {
   auto log = Logger("scheduler.cron");
   auto epoch = [](SysTime t) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -220,11 +220,11 @@ void Scheduler::Loop() {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<Service> services = {
       {"promoter", options_.promote_every_s,
-       [&](schema::Catalog& c) {
+       [&](schema::SchedulerCatalog& c) {
          if (int n = c.PromoteRetries()) Logger("scheduler.promoter")->debug("promoted={}", n);
        }},
       {"rescuer", options_.rescue_every_s,
-       [&](schema::Catalog& c) {
+       [&](schema::SchedulerCatalog& c) {
          int n = c.RescueExpiredLeases([&](const schema::ExpiredLease& e) {
            schema::AttemptFacts f{e.stage_id,    e.attempt, e.lease_owner, &e.spec,
                                   e.market,      e.errors,  e.preemptions, e.speed,
@@ -251,28 +251,28 @@ void Scheduler::Loop() {
            Logger("scheduler.rescuer")->info("released runs={} whose foreground process is gone", h);
        }},
       {"cron", options_.cron_every_s,
-       [&](schema::Catalog& c) {
+       [&](schema::SchedulerCatalog& c) {
          if (int n = FireDueSchedules(c, std::chrono::system_clock::now()))
            Logger("scheduler.cron")->info("fired runs={}", n);
        }},
-      {"budget", options_.budget_every_s, [&](schema::Catalog& c) { GuardBudgets(c); }},
+      {"budget", options_.budget_every_s, [&](schema::SchedulerCatalog& c) { GuardBudgets(c); }},
       {"partitions", options_.partitions_every_s,
-       [&](schema::Catalog& c) {
+       [&](schema::SchedulerCatalog& c) {
          if (int n = c.MakeAttemptsPartitionsAhead(options_.partitions_ahead))
            Logger("scheduler.partitions")->info("made ledger partitions={}", n);
        }},
       {"finisher", options_.finish_every_s,
-       [&](schema::Catalog& c) {
+       [&](schema::SchedulerCatalog& c) {
          for (int64_t id : c.FinishRuns())
            Logger("scheduler.finisher")->info("finished run={}", id);
        }},
   };
 
-  std::unique_ptr<schema::Catalog> catalog;
+  std::unique_ptr<schema::SchedulerCatalog> catalog;
   double backoff_s = 0.1;
   while (!stop_) {
     try {
-      if (!catalog) catalog = std::make_unique<schema::Catalog>(options_.database_url);
+      if (!catalog) catalog = schema::OpenSchedulerCatalog(options_.database_url);
       bool lead = catalog->TryAcquireLeadership();
       if (lead != leader_.exchange(lead))
         log->info(lead ? "leading" : "standing by: another scheduler leads");

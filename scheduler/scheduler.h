@@ -12,7 +12,7 @@
 #include <thread>
 
 namespace trnflow::schema {
-class Catalog;
+class SchedulerCatalog;
 class MemberLockGuard;
 }
 
@@ -22,14 +22,14 @@ namespace trnflow::scheduler {
 // `now`) under its catch-up policy — all: each missed slot; latest: only the newest; none:
 // only a slot that is on time (within two minutes) — each at most once whichever scheduler
 // fires it. Returns the runs submitted. Leader-only in the daemon; callable from tests.
-int FireDueSchedules(schema::Catalog& catalog, std::chrono::system_clock::time_point now);
+int FireDueSchedules(schema::SchedulerCatalog& catalog, std::chrono::system_clock::time_point now);
 
 // `trnflow schedule run NAME`: fires the schedule now, as its cron would — the same snapshot,
 // params, project, speed and workdir, submitted through the same function (so the same quotas
 // and permission checks), a market seeded by the moment — recorded as a manual fire. The
 // cron's slots are untouched: a due slot still fires under the catch-up policy. Throws
 // UserError for no such schedule, a paused one, or a snapshot that no longer validates.
-int64_t FireScheduleNow(schema::Catalog& catalog, const std::string& name);
+int64_t FireScheduleNow(schema::SchedulerCatalog& catalog, const std::string& name);
 
 struct SchedulerOptions {
   std::string database_url;

@@ -17,7 +17,7 @@
 
 #include "common/money.h"
 #include "common/stage_spec.h"
-#include "schema/catalog.h"
+#include "schema/catalog_rows.h"
 
 namespace trnflow::schema {
 

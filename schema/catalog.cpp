@@ -1,7 +1,7 @@
 // The catalog itself, before any stage: opening and guarding the connection, migrating the
 // schema (and loading the instance catalog: queries/instances.sql), checking its version,
-// raw statements (QueryValue, RunOutsideTransaction), and creating or dropping a catalog
-// database and its roles.
+// opening it through a door (OpenWorkerCatalog, ...), and creating or dropping a catalog
+// database and its roles. What only tests call is in catalog_testing.cpp.
 #include "schema/catalog.h"
 
 #include <libpq-fe.h>
@@ -96,10 +96,23 @@ const std::string& Catalog::url() const { return impl_->url; }
 
 void Catalog::Reconnect() { impl_->Connect(); }
 
-int Catalog::BinarySchemaVersion() {
+namespace {
+// The newest migration compiled into this binary.
+int BinarySchemaVersion() {
   int latest = 0;
   for (const auto& m : Migrations()) latest = std::max(latest, m.version);
   return latest;
+}
+}  // namespace
+
+std::unique_ptr<WorkerCatalog> OpenWorkerCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
+}
+std::unique_ptr<SchedulerCatalog> OpenSchedulerCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
+}
+std::unique_ptr<ServeCatalog> OpenServeCatalog(const std::string& url) {
+  return std::make_unique<Catalog>(url);
 }
 
 MigrateReport Catalog::Migrate(const sim::Catalog& hw, int up_to) {
@@ -185,23 +198,6 @@ void Catalog::RequireCurrentSchema() {
                                " is at schema version " + std::to_string(version) +
                                ", newer than this trnflow (" +
                                std::to_string(BinarySchemaVersion()) + "). Upgrade trnflow.");
-  });
-}
-
-std::string Catalog::QueryValue(const std::string& sql) {
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    pqxx::result r = tx.exec(sql);
-    tx.commit();
-    if (r.empty() || r[0][0].is_null()) return std::string();
-    return r[0][0].as<std::string>();
-  });
-}
-
-void Catalog::RunOutsideTransaction(const std::string& sql) {
-  impl_->Guard([&] {
-    pqxx::nontransaction nt(impl_->C());
-    nt.exec(sql);
   });
 }
 

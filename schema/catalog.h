@@ -19,6 +19,10 @@
 #include "common/money.h"
 #include "common/stage_spec.h"
 #include "schema/catalog_rows.h"
+#include "schema/notifications.h"
+#include "schema/scheduler_catalog.h"
+#include "schema/serve_catalog.h"
+#include "schema/worker_catalog.h"
 
 namespace trnflow::pipelines {
 struct Pipeline;
@@ -31,7 +35,11 @@ namespace trnflow::schema {
 
 struct RunView;  // schema/run_view.h
 
-class Catalog {
+// The whole catalog: what the command line (cli/) and the dashboard's /api views use. Workers,
+// the scheduler and serve/ each see only their door (worker_catalog.h, scheduler_catalog.h,
+// serve_catalog.h), which Catalog implements; what only tests and benchmarks call is in
+// schema/catalog_testing.h, a library no product binary links.
+class Catalog final : public WorkerCatalog, public SchedulerCatalog, public ServeCatalog {
  public:
   // Connects; throws CatalogUnavailable with the URL (password hidden) and how to fix it.
   explicit Catalog(const std::string& url);
@@ -44,8 +52,6 @@ class Catalog {
   void Reconnect();
 
   // --- schema -----------------------------------------------------------------------------
-  // The newest migration compiled into this binary.
-  static int BinarySchemaVersion();
   // Applies pending migrations under an EXCLUSIVE lock on trnflow.migration_lock (safe to run
   // concurrently; schema owner only), then loads the hardware catalog's instance types and
   // prices (a changed price adds a row). Throws CatalogUnavailable if the catalog is newer than
@@ -97,21 +103,9 @@ class Catalog {
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
                                         const std::vector<LiveReport>& reports);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,
-  // skips what is downstream of stages that failed, and finishes runs, in one transaction.
-  // Returns the results that were applied (a stale result is silently dropped).
-  std::vector<LeaseKey> CompleteAttempts(const std::vector<AttemptResult>& results);
-  // CompleteAttempts, then, in the same transaction, ClaimReadyStages for each pool of
-  // `claims` with the free instances it names: a worker that closes a stage takes the
-  // dependents it just released (and whatever else is ready) without another round trip, so a
-  // chain's next link starts at once. Claims come back in the order of `claims`.
-  struct ClaimRequest {
-    std::string pool;
-    int free_instances = 0;
-  };
-  struct Committed {
-    std::vector<LeaseKey> applied;
-    std::vector<std::vector<ClaimedStage>> claimed;  // one list per request
-  };
+  // skips what is downstream of stages that failed, and finishes runs, then claims again for
+  // each of `claims`, in one transaction (worker_catalog.h; ClaimRequest and Committed are
+  // WorkerCatalog's).
   Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
                              const std::vector<ClaimRequest>& claims,
                              const std::string& worker_id, const std::string& worker_name,
@@ -137,7 +131,6 @@ class Catalog {
 
   // --- reads ------------------------------------------------------------------------------
   std::optional<RunRow> GetRun(int64_t run_id);
-  std::vector<RunRow> ListRuns(const std::string& project, const std::string& state, int limit);
   std::vector<RunRow> ListRuns(const RunsQuery& query);
   std::vector<StageRow> GetStages(int64_t run_id);
   std::vector<AttemptRow> GetAttempts(int64_t run_id);
@@ -157,8 +150,6 @@ class Catalog {
                    const std::string& message, const std::string& data_json = "{}",
                    const std::string& project = "");
   void InsertEvents(const std::vector<EventRow>& events);
-  // The newest metrics event of each stage of a run: stage id -> JSON.
-  std::map<int64_t, std::string> LatestStageMetrics(int64_t run_id);
 
   // --- notifications ----------------------------------------------------------------------
   // LISTEN where stages becoming ready (payload: the pool) and runs being cancelled are
@@ -167,11 +158,6 @@ class Catalog {
   bool IsListening() const;
   // LISTEN where state changes are announced (trnflow.changes; the dashboard's event stream).
   void ListenForChanges();
-  struct Notifications {
-    int ready = 0;
-    int cancel = 0;
-    int changes = 0;  // ListenForChanges: new rows in trnflow.changes
-  };
   // Waits up to `timeout_ms` for notifications; returns how many of each arrived.
   Notifications AwaitNotifications(int timeout_ms);
 
@@ -300,8 +286,6 @@ class Catalog {
   // The projects login role `role` is a member of, when the dashboard may act as it (not
   // privileged, not the daemons' or the reader's); empty otherwise.
   std::vector<std::string> MemberProjects(const std::string& role);
-  // The projects the current role sees.
-  std::vector<std::string> VisibleProjects();
   // Whether login role `role` may write (submit, cancel, retry, resume) in `project`.
   bool MayWrite(const std::string& role, const std::string& project);
   // State changes after `after_id`, oldest first, at most `limit`.
@@ -317,14 +301,6 @@ class Catalog {
   // session ended: "pid=N member=ROLE waited=S".
   std::vector<std::string> EndMemberBlockers(double after_s);
 
-  // One value of a one-row query, as text ("" for NULL); for tests and reports.
-  std::string QueryValue(const std::string& sql);
-  // Recomputes what the ledger's triggers keep from the closed ledger rows (spend_rollup and
-  // /metrics' counters, migration 0024); for ledgers loaded in bulk with the triggers off.
-  void RebuildSpendRollup();
-  // A statement that cannot run in a transaction (VACUUM); for maintenance and benchmarks.
-  void RunOutsideTransaction(const std::string& sql);
-
   // --- the dashboard, continued (schema/queries/serve.sql) ----------------------------------
   // Each budget with its spend, the open attempts' part of it and a month-end forecast band.
   std::vector<BudgetForecastRow> BudgetForecasts();
@@ -339,6 +315,7 @@ class Catalog {
   int64_t NewTransactionId();
 
  private:
+  friend class CatalogTestAccess;  // schema/catalog_testing.cpp
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -285,16 +285,6 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
   });
 }
 
-std::vector<LeaseKey> Catalog::CompleteAttempts(const std::vector<AttemptResult>& results) {
-  if (results.empty()) return {};
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    auto applied = impl_->Complete(tx, results);
-    tx.commit();
-    return applied;
-  });
-}
-
 bool Catalog::TryAcquireLeadership() {
   Impl& m = *impl_;
   try {
@@ -424,7 +414,7 @@ void Catalog::ListenForChanges() {
   });
 }
 
-Catalog::Notifications Catalog::AwaitNotifications(int timeout_ms) {
+Notifications Catalog::AwaitNotifications(int timeout_ms) {
   return impl_->Guard([&] {
     impl_->notifications = 0;
     impl_->cancel_notifications = 0;

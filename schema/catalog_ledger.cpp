@@ -197,13 +197,4 @@ std::vector<int64_t> Catalog::RunningRunsOfProject(const std::string& project) {
   });
 }
 
-void Catalog::RebuildSpendRollup() {
-  impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "RebuildSpendRollups");
-    impl_->Exec(tx, "RebuildMetricCounters");
-    tx.commit();
-  });
-}
-
 }  // namespace trnflow::schema

@@ -99,15 +99,6 @@ std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
   });
 }
 
-std::vector<RunRow> Catalog::ListRuns(const std::string& project, const std::string& state,
-                                      int limit) {
-  RunsQuery q;
-  q.project = project;
-  q.state = state;
-  q.limit = limit;
-  return ListRuns(q);
-}
-
 std::vector<RunRow> Catalog::ListRuns(const RunsQuery& q) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
@@ -211,16 +202,6 @@ void Catalog::InsertEvents(const std::vector<EventRow>& events) {
     pqxx::work tx(impl_->C());
     impl_->InsertEvents(tx, events);
     tx.commit();
-  });
-}
-
-std::map<int64_t, std::string> Catalog::LatestStageMetrics(int64_t run_id) {
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    std::map<int64_t, std::string> out;
-    for (const auto& row : impl_->Exec(tx, "LatestStageMetrics", run_id))
-      out[row[0].as<int64_t>()] = row[1].as<std::string>();
-    return out;
   });
 }
 

@@ -57,15 +57,6 @@ bool Catalog::MayWrite(const std::string& role, const std::string& project) {
   });
 }
 
-std::vector<std::string> Catalog::VisibleProjects() {
-  return impl_->Guard([&] {
-    pqxx::work tx(impl_->C());
-    std::vector<std::string> out;
-    for (const auto& row : impl_->Exec(tx, "VisibleProjects")) out.push_back(row[0].as<std::string>());
-    return out;
-  });
-}
-
 std::vector<ChangeRow> Catalog::ChangesSince(int64_t after_id, int limit) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "schema/serve_catalog.h"
 
 namespace trnflow::serve {
 
@@ -28,9 +29,9 @@ EventHub::~EventHub() { Stop(); }
 
 void EventHub::Start() {
   {
-    schema::Catalog c(url_);
+    auto c = schema::OpenServeCatalog(url_);
     std::scoped_lock lock(mu_);
-    latest_ = c.LatestChangeId();
+    latest_ = c->LatestChangeId();
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -72,13 +73,13 @@ EventHub::Batch EventHub::Wait(int64_t after, double timeout_s) {
 
 void EventHub::Loop() {
   auto log = Logger("serve.events");
-  std::unique_ptr<schema::Catalog> c;
+  std::unique_ptr<schema::ServeCatalog> c;
   auto last_poll = std::chrono::steady_clock::now() - std::chrono::hours(1);
   auto last_prune = std::chrono::steady_clock::now() - std::chrono::hours(2);
   while (!stop_) {
     try {
       if (!c) {
-        c = std::make_unique<schema::Catalog>(url_);
+        c = schema::OpenServeCatalog(url_);
         c->ListenForChanges();
         last_poll = std::chrono::steady_clock::now() - std::chrono::hours(1);
       }

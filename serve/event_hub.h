@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "schema/catalog.h"
+#include "schema/catalog_rows.h"
 
 namespace trnflow::serve {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "schema/catalog.h"
+#include "schema/catalog_rows.h"
 
 namespace trnflow::serve {
 

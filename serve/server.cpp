@@ -32,7 +32,8 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sha256.h"
-#include "schema/catalog.h"
+#include "schema/catalog.h"  // the pool hands the /api views the whole Catalog
+#include "schema/serve_catalog.h"
 #include "serve/event_hub.h"
 #include "serve/metrics.h"
 
@@ -65,8 +66,11 @@ class CatalogPool {
     }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    schema::Catalog& operator*() { return *c_; }
-    schema::Catalog* operator->() { return c_.get(); }
+    // The whole catalog: only for the /api views and metrics the command line hands in
+    // (Options::views, Options::metrics), which are written over it.
+    schema::Catalog& whole() { return *c_; }
+    // Everything serve/ calls itself goes through its door.
+    schema::ServeCatalog* operator->() { return c_.get(); }
     void ActAs(const std::string& role) {
       acting_ = true;
       c_->ActAs(role);
@@ -872,12 +876,12 @@ class Dashboard {
         SharedAnswers::Read read = [this, who, r, answer = it->second] {
           try {
             auto c = ConnectionFor(who);
-            return answer(**c, r);
+            return answer((*c).whole(), r);
           } catch (const CatalogUnavailable&) {
             // A pooled connection the server dropped (a restart): reads are safe to try
             // again, once, on a fresh one.
             auto c = ConnectionFor(who);
-            return answer(**c, r);
+            return answer((*c).whole(), r);
           }
         };
         std::string key = who.role + '\x1f' + view + '\x1f' + r.id;
@@ -971,7 +975,7 @@ class Dashboard {
         r.params["attempt"] = std::to_string(spent->attempt);
         if (std::string offset = req.get_param_value("offset"); !offset.empty())
           r.params["offset"] = offset;
-        auto body = view->second(**c, r);
+        auto body = view->second((*c).whole(), r);
         if (!body) throw HttpError(404, "not found (or not yours to see)");
         res.set_content(*body + "\n", "application/json");
       });
@@ -1000,7 +1004,7 @@ class Dashboard {
         auto c = ConnectionFor(who);
         auto rows = (*c)->Metrics();
         if (o_.metrics)
-          for (auto& r : o_.metrics(**c)) rows.push_back(std::move(r));
+          for (auto& r : o_.metrics((*c).whole())) rows.push_back(std::move(r));
         rows.push_back({"trnflow_serve_event_clients", "{}", static_cast<double>(hub_.clients())});
         res.set_content(FormatMetrics(rows), "text/plain; version=0.0.4; charset=utf-8");
       });

@@ -20,6 +20,7 @@
 #include "common/sha256.h"
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 #include "sim/perf_model.h"
 #include "tests/run_cli.h"
@@ -87,15 +88,17 @@ TEST(Catalog, MigrateIsIdempotentAndLoadsPrices) {
   schema::Catalog c(TestDatabase::owner_url());
   auto again = c.Migrate(sim::Catalog::Builtin());
   EXPECT_TRUE(again.applied.empty());
-  EXPECT_EQ(again.to_version, schema::Catalog::BinarySchemaVersion());
+  EXPECT_EQ(again.to_version, schema::testing::BinarySchemaVersion());
   c.RequireCurrentSchema();
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.instance_types"),
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.instance_types"),
             std::to_string(sim::Catalog::Builtin().instances().size()));
   // A second migrate must not add price rows when nothing changed.
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.prices"),
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.prices"),
             std::to_string(sim::Catalog::Builtin().instances().size()));
-  EXPECT_EQ(c.QueryValue("SELECT on_demand_usd_hour::text FROM trnflow.prices WHERE instance_type "
-                         "= 'trn1.32xlarge'"),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c,
+                "SELECT on_demand_usd_hour::text FROM trnflow.prices WHERE instance_type "
+                "= 'trn1.32xlarge'"),
             sim::Catalog::Builtin().FindInstance("trn1.32xlarge")->on_demand_per_hour.ToDecimal());
 }
 
@@ -144,14 +147,18 @@ TEST(Catalog, SubmitWritesRunStagesAndDependenciesAtomically) {
   EXPECT_EQ(schema::ToSql(by["work[i=3]"].state), "blocked");
   EXPECT_EQ(by["join"].needs.size(), 5u);
   EXPECT_EQ(by["join"].needs[0], "work[i=0]");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
-                         "s.id = d.stage_id WHERE s.run_id = " +
-                         std::to_string(run)),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c,
+                "SELECT count(*) FROM trnflow.stage_deps d JOIN trnflow.stages s ON "
+                "s.id = d.stage_id WHERE s.run_id = " +
+                    std::to_string(run)),
             "10");
   // The same text submitted twice is stored once.
   int64_t again = c.SubmitRun(p, Fast());
   EXPECT_NE(again, run);
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE name = 'fan'"), "1");
+  EXPECT_EQ(
+      schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.pipelines WHERE name = 'fan'"),
+      "1");
 }
 
 TEST(Catalog, SubmitRefusesAnInstanceTypeTheCatalogDoesNotHaveAndWritesNothing) {
@@ -160,8 +167,8 @@ TEST(Catalog, SubmitRefusesAnInstanceTypeTheCatalogDoesNotHaveAndWritesNothing) 
   schema::Catalog c(TestDatabase::url());
   auto p = MustParse(FanOut(3));
   p.stages[2].spec.instance = "x9.imaginary";
-  std::string runs = c.QueryValue("SELECT count(*) FROM trnflow.runs");
-  std::string stages = c.QueryValue("SELECT count(*) FROM trnflow.stages");
+  std::string runs = schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs");
+  std::string stages = schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages");
   try {
     c.SubmitRun(p, Fast());
     FAIL() << "a stage on an unknown instance type was submitted";
@@ -170,8 +177,8 @@ TEST(Catalog, SubmitRefusesAnInstanceTypeTheCatalogDoesNotHaveAndWritesNothing) 
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), runs);
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages"), stages);
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs"), runs);
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages"), stages);
 }
 
 TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
@@ -201,19 +208,21 @@ TEST(Catalog, ClaimTakesOnlyWhatFitsAndFencesCompletion) {
   r.outcome = Outcome::kSucceeded;
   r.next_state = StageState::kSucceeded;
   r.cost = Money::FromMicros(1'000'000);
-  EXPECT_TRUE(c.CompleteAttempts({r}).empty());
+  EXPECT_TRUE(schema::testing::CompleteAttempts(c, {r}).empty());
   r.lease_owner = me;
   r.attempt = 2;  // wrong attempt
-  EXPECT_TRUE(c.CompleteAttempts({r}).empty());
+  EXPECT_TRUE(schema::testing::CompleteAttempts(c, {r}).empty());
   r.attempt = 1;
-  EXPECT_EQ(c.CompleteAttempts({r}).size(), 1u);
-  EXPECT_TRUE(c.CompleteAttempts({r}).empty());  // closed once
-  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
-                         std::to_string(run)),
+  EXPECT_EQ(schema::testing::CompleteAttempts(c, {r}).size(), 1u);
+  EXPECT_TRUE(schema::testing::CompleteAttempts(c, {r}).empty());  // closed once
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+                       std::to_string(run)),
             "1.000000");
   // The ledger refuses edits of a closed attempt.
-  EXPECT_ANY_THROW(c.QueryValue("UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " +
-                                std::to_string(run) + " AND outcome IS NOT NULL RETURNING 1"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(
+      c, "UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " + std::to_string(run) +
+             " AND outcome IS NOT NULL RETURNING 1"));
 }
 
 TEST(Catalog, ClaimCanBeLimitedToOneRun) {
@@ -289,10 +298,12 @@ TEST(Catalog, ClaimsRacingACancelAndAResumeNeitherDeadlockNorStrandAStage) {
     EXPECT_EQ(QueueMismatches(), "0");
     // Every stage is running (claimed once), still ready in the queue, or cancelled.
     const std::string r = std::to_string(run);
-    EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
-                           " AND state NOT IN ('running', 'ready', 'cancelled')"),
-              "0");
-    EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.running_stages WHERE run_id = " + r),
+    EXPECT_EQ(
+        schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
+                                           " AND state NOT IN ('running', 'ready', 'cancelled')"),
+        "0");
+    EXPECT_EQ(schema::testing::QueryValue(
+                  c, "SELECT count(*) FROM trnflow.running_stages WHERE run_id = " + r),
               std::to_string(claimed.load()));
   }
 }
@@ -339,8 +350,9 @@ TEST(Catalog, ACompletionAnnouncesOnlyTheReleasedStagesItDidNotClaimItself) {
   auto second = c.CompleteAndClaim({done(b)}, {{"cpu", 0}}, me, "test:5", 30, run);
   ASSERT_EQ(second.applied.size(), 1u);
   EXPECT_GT(listener.AwaitNotifications(2000).ready, 0);
-  EXPECT_EQ(c.QueryValue("SELECT state FROM trnflow.stages WHERE name = 'd' AND run_id = " +
-                         std::to_string(run)),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT state FROM trnflow.stages WHERE name = 'd' AND run_id = " +
+                       std::to_string(run)),
             "ready");
 }
 
@@ -660,11 +672,13 @@ TEST(Engine, LongSpotTrainingFallsBackToOnDemandAndWasteIsTheLostWork) {
     }
   }
   std::string r = std::to_string(run);
-  EXPECT_EQ(
-      c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r),
-      c.QueryValue("SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
-                   "AND run_id = " +
-                   r));
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT sum(wasted_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r),
+            schema::testing::QueryValue(
+                c,
+                "SELECT sum(wasted_usd) FROM trnflow.attempts WHERE outcome <> 'succeeded' "
+                "AND run_id = " +
+                    r));
 }
 
 // The compile cache under two workers: identical compiles compile once (the other attempt
@@ -871,18 +885,20 @@ TEST(Schedules, EachSlotFiresExactlyOnceUnderEveryCatchUpPolicy) {
     r.workdir = TRNFLOW_SOURCE_DIR;
     ASSERT_TRUE(c.AddSchedule(r));
     EXPECT_FALSE(c.AddSchedule(r)) << "names are unique";
-    c.QueryValue("UPDATE trnflow.schedules SET last_slot = '2026-01-01 00:00+00' WHERE name = '" +
-                 r.name + "' RETURNING 1");
+    schema::testing::QueryValue(
+        c, "UPDATE trnflow.schedules SET last_slot = '2026-01-01 00:00+00' WHERE name = '" +
+               r.name + "' RETURNING 1");
   }
   auto at = [](int h, int m) {
     return std::chrono::system_clock::time_point(std::chrono::seconds(1767225600)) +  // 2026-01-01
            std::chrono::hours(h) + std::chrono::minutes(m);
   };
   auto fires = [&](const std::string& name) {
-    return c.QueryValue(
+    return schema::testing::QueryValue(
+        c,
         "SELECT count(*) FROM trnflow.schedule_fires WHERE run_id IS NOT NULL "
         "AND schedule = '" +
-        name + "'");
+            name + "'");
   };
   // 03:30, three slots missed (01:00, 02:00, 03:00), two schedulers at once.
   schema::Catalog a(TestDatabase::url()), b(TestDatabase::url());
@@ -894,8 +910,9 @@ TEST(Schedules, EachSlotFiresExactlyOnceUnderEveryCatchUpPolicy) {
   EXPECT_EQ(fires("hourly-all"), "3");
   EXPECT_EQ(fires("hourly-latest"), "1");
   EXPECT_EQ(fires("hourly-none"), "0") << "missed slots are not caught up";
-  EXPECT_EQ(c.QueryValue("SELECT extract(hour FROM slot AT TIME ZONE 'UTC') FROM "
-                         "trnflow.schedule_fires WHERE schedule = 'hourly-latest'"),
+  EXPECT_EQ(schema::testing::QueryValue(c,
+                                        "SELECT extract(hour FROM slot AT TIME ZONE 'UTC') FROM "
+                                        "trnflow.schedule_fires WHERE schedule = 'hourly-latest'"),
             "3");
   // 04:01: one slot, on time: every policy fires it, once.
   scheduler::FireDueSchedules(a, at(4, 1));
@@ -907,9 +924,11 @@ TEST(Schedules, EachSlotFiresExactlyOnceUnderEveryCatchUpPolicy) {
   ASSERT_TRUE(c.SetSchedulePaused("hourly-all", true));
   EXPECT_EQ(scheduler::FireDueSchedules(c, at(5, 0)), 2);
   EXPECT_EQ(fires("hourly-all"), "4");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs r JOIN trnflow.pipelines p ON "
-                         "p.id = r.pipeline_id WHERE p.name = 'hourly'"),
-            "9");
+  EXPECT_EQ(
+      schema::testing::QueryValue(c,
+                                  "SELECT count(*) FROM trnflow.runs r JOIN trnflow.pipelines p ON "
+                                  "p.id = r.pipeline_id WHERE p.name = 'hourly'"),
+      "9");
 }
 
 // Two workers closing a run's last two stages at the same moment each see the other's still
@@ -962,7 +981,8 @@ TEST(Engine, ARunClosedByTwoWorkersAtOnceFinishesWithoutTheScheduler) {
       },
       30);
   for (auto& w : fleet) w->Stop();
-  ASSERT_TRUE(all) << c.QueryValue(
+  ASSERT_TRUE(all) << schema::testing::QueryValue(
+      c,
       "SELECT count(*) FROM trnflow.runs WHERE state = 'running' AND NOT EXISTS (SELECT 1 FROM "
       "trnflow.stages s WHERE s.run_id = runs.id AND s.state <> 'succeeded')");
   for (int64_t r : runs) EXPECT_EQ(RunStateText(c, r), "succeeded");
@@ -986,18 +1006,23 @@ TEST_P(EngineConcurrency, EveryStageSucceedsExactlyOnce) {
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 120));
   EXPECT_EQ(RunStateText(c, run), "succeeded");
   std::string r = std::to_string(run);
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.stages WHERE run_id = " + r +
-                         " AND state <> 'succeeded'"),
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.stages WHERE run_id = " +
+                                               r + " AND state <> 'succeeded'"),
             "0");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r), "122");
-  EXPECT_EQ(c.QueryValue("SELECT count(DISTINCT stage_id) FROM trnflow.attempts WHERE run_id = " +
-                         r + " AND outcome = 'succeeded'"),
+  EXPECT_EQ(
+      schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r),
+      "122");
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(DISTINCT stage_id) FROM trnflow.attempts WHERE run_id = " + r +
+                       " AND outcome = 'succeeded'"),
             "122");
   EXPECT_EQ(QueueMismatches(), "0");
   if (GetParam() > 1) {
-    EXPECT_GT(std::stoi(c.QueryValue("SELECT count(DISTINCT worker_id) FROM trnflow.attempts "
-                                     "WHERE run_id = " +
-                                     r)),
+    EXPECT_GT(std::stoi(schema::testing::QueryValue(
+                  c,
+                  "SELECT count(DISTINCT worker_id) FROM trnflow.attempts "
+                  "WHERE run_id = " +
+                      r)),
               1);
   }
 }
@@ -1022,7 +1047,7 @@ TEST(Engine, ShutdownHandsRunningStagesBack) {
   auto attempts = c.GetAttempts(run);
   ASSERT_EQ(attempts.size(), 1u);
   EXPECT_EQ(schema::ToSql(attempts[0].outcome), "cancelled");
-  EXPECT_EQ(c.QueryValue("SELECT errors + preemptions FROM trnflow.stages WHERE run_id = " +
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT errors + preemptions FROM trnflow.stages WHERE run_id = " +
                          std::to_string(run)),
             "0");
 }
@@ -1035,7 +1060,8 @@ TEST(Catalog, TheQueueMigrationWaitsForTheOldDaemonsToStop) {
   const std::string& owner = scratch.owner_url;
   schema::Catalog o(owner);
   ASSERT_EQ(o.Migrate(sim::Catalog::Builtin(), 21).to_version, 21);
-  o.QueryValue(
+  schema::testing::QueryValue(
+      o,
       "INSERT INTO trnflow.workers (id, host, pid, pools) VALUES"
       " ('00000000-0000-4000-8000-0000000000b1', 'old-host', 1, '{}') RETURNING 1");
   try {
@@ -1045,9 +1071,10 @@ TEST(Catalog, TheQueueMigrationWaitsForTheOldDaemonsToStop) {
     EXPECT_NE(std::string(e.what()).find("stop every `trnflow worker`"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(o.QueryValue("SELECT max(version) FROM trnflow.schema_migrations"), "21");
-  o.QueryValue("UPDATE trnflow.workers SET stopped_at = now() RETURNING 1");
-  EXPECT_EQ(o.Migrate(sim::Catalog::Builtin()).to_version, schema::Catalog::BinarySchemaVersion());
+  EXPECT_EQ(schema::testing::QueryValue(o, "SELECT max(version) FROM trnflow.schema_migrations"),
+            "21");
+  schema::testing::QueryValue(o, "UPDATE trnflow.workers SET stopped_at = now() RETURNING 1");
+  EXPECT_EQ(o.Migrate(sim::Catalog::Builtin()).to_version, schema::testing::BinarySchemaVersion());
 }
 
 // A catalog that holds history made under an older schema migrates forward, through every
@@ -1075,65 +1102,86 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
         R"("retry":{"max_attempts":2,"on":[],"backoff":{"initial_s":30,"factor":2,"max_s":600},)"
         R"("max_interruptions":6,"then":"on-demand"},"checkpoint":{"every_s":0,"on_notice":false},)"
         R"("timeout_s":0,"cache":false})";
-    run = o.QueryValue(
+    run = schema::testing::QueryValue(
+        o,
         "INSERT INTO trnflow.projects (name) VALUES ('lab');"
         "WITH p AS (INSERT INTO trnflow.pipelines (name, spec_hash, source)"
         "           VALUES ('history', 'h1', '') RETURNING id)"
         "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state, finished_at)"
         "SELECT id, 'lab', 1, 1, '/', 'failed', now() FROM p RETURNING id");
-    o.QueryValue(
+    schema::testing::QueryValue(
+        o,
         "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type,"
         "  instance_count, market, state, spec, attempts, pending_needs, finished_at) VALUES"
-        " (" + run + ", 'lab', 'ok', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'succeeded', '" +
-        spec + "', 1, 0, now()),"
-        " (" + run + ", 'lab', 'bad', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'failed', '" +
-        spec + "', 2, 1, now()),"
-        " (" + run + ", 'lab', 'after', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'skipped', '" +
-        spec + "', 0, 1, now());"
-        "INSERT INTO trnflow.stage_deps (stage_id, needs_id)"
-        " SELECT b.id, a.id FROM trnflow.stages a, trnflow.stages b WHERE a.run_id = " + run +
-        "  AND b.run_id = a.run_id AND (a.name, b.name) IN (('ok', 'bad'), ('bad', 'after'));"
-        "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,"
-        "  instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour)"
-        " SELECT s.id, s.run_id, g, gen_random_uuid(), 'old-worker', 'c6i.large', 1,"
-        "  'on-demand', 0.17, 0.17 FROM trnflow.stages s, generate_series(1, s.attempts) g"
-        " WHERE s.run_id = " + run + ";"
-        "UPDATE trnflow.attempts a SET finished_at = now(), sim_seconds = 60,"
-        "  billed_seconds = 60 * a.attempt,"
-        "  outcome = CASE WHEN s.name = 'ok' THEN 'succeeded' WHEN a.attempt = 1"
-        "                 THEN 'infra_error' ELSE 'failed' END,"
-        "  cost_usd = CASE WHEN s.name = 'ok' THEN 0.010000 WHEN a.attempt = 1 THEN 0.020000"
-        "                  ELSE 0.030000 END,"
-        "  wasted_usd = CASE WHEN s.name = 'bad' THEN 0.020000 ELSE 0 END, saved_usd = 0,"
-        "  progress_to = 1"
-        " FROM trnflow.stages s WHERE s.id = a.stage_id AND a.run_id = " + run + ";"
-        "SELECT 1");
+        " (" +
+            run + ", 'lab', 'ok', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'succeeded', '" +
+            spec +
+            "', 1, 0, now()),"
+            " (" +
+            run + ", 'lab', 'bad', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'failed', '" + spec +
+            "', 2, 1, now()),"
+            " (" +
+            run + ", 'lab', 'after', 'run', 'cpu', 'c6i.large', 1, 'on-demand', 'skipped', '" +
+            spec +
+            "', 0, 1, now());"
+            "INSERT INTO trnflow.stage_deps (stage_id, needs_id)"
+            " SELECT b.id, a.id FROM trnflow.stages a, trnflow.stages b WHERE a.run_id = " +
+            run +
+            "  AND b.run_id = a.run_id AND (a.name, b.name) IN (('ok', 'bad'), ('bad', 'after'));"
+            "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,"
+            "  instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour)"
+            " SELECT s.id, s.run_id, g, gen_random_uuid(), 'old-worker', 'c6i.large', 1,"
+            "  'on-demand', 0.17, 0.17 FROM trnflow.stages s, generate_series(1, s.attempts) g"
+            " WHERE s.run_id = " +
+            run +
+            ";"
+            "UPDATE trnflow.attempts a SET finished_at = now(), sim_seconds = 60,"
+            "  billed_seconds = 60 * a.attempt,"
+            "  outcome = CASE WHEN s.name = 'ok' THEN 'succeeded' WHEN a.attempt = 1"
+            "                 THEN 'infra_error' ELSE 'failed' END,"
+            "  cost_usd = CASE WHEN s.name = 'ok' THEN 0.010000 WHEN a.attempt = 1 THEN 0.020000"
+            "                  ELSE 0.030000 END,"
+            "  wasted_usd = CASE WHEN s.name = 'bad' THEN 0.020000 ELSE 0 END, saved_usd = 0,"
+            "  progress_to = 1"
+            " FROM trnflow.stages s WHERE s.id = a.stage_id AND a.run_id = " +
+            run +
+            ";"
+            "SELECT 1");
     // A run still running when the catalog is upgraded: its stage's attempt is open (0017
     // moves it into the stage row; its ledger row is written when it closes).
-    running_run = o.QueryValue(
+    running_run = schema::testing::QueryValue(
+        o,
         "INSERT INTO trnflow.runs (pipeline_id, project, speed, seed, workdir, state)"
         " SELECT id, 'lab', 1, 1, '/', 'running' FROM trnflow.pipelines"
         " WHERE name = 'history' RETURNING id");
-    o.QueryValue(
+    schema::testing::QueryValue(
+        o,
         "INSERT INTO trnflow.stages (run_id, project, name, kind, pool, instance_type,"
         "  instance_count, market, state, spec, attempts, pending_needs, lease_owner,"
         "  lease_expires_at, heartbeat_at, progress) VALUES"
-        " (" + running_run + ", 'lab', 'long', 'run', 'cpu', 'c6i.large', 1, 'on-demand',"
-        "  'running', '" + spec + "', 1, 0, '" + kOldWorker + "', now() + interval '1 day',"
-        "  now(), 0.25);"
-        "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,"
-        "  instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour,"
-        "  progress_from, started_at)"
-        " SELECT id, run_id, 1, '" + kOldWorker + "', 'old-worker', 'c6i.large', 1, 'on-demand',"
-        "  0.17, 0.17, 0.25, now() - interval '1 hour' FROM trnflow.stages WHERE run_id = " +
-        running_run + ";"
-        "SELECT 1");
+        " (" +
+            running_run +
+            ", 'lab', 'long', 'run', 'cpu', 'c6i.large', 1, 'on-demand',"
+            "  'running', '" +
+            spec + "', 1, 0, '" + kOldWorker +
+            "', now() + interval '1 day',"
+            "  now(), 0.25);"
+            "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name,"
+            "  instance_type, instance_count, market, price_usd_hour, on_demand_price_usd_hour,"
+            "  progress_from, started_at)"
+            " SELECT id, run_id, 1, '" +
+            kOldWorker +
+            "', 'old-worker', 'c6i.large', 1, 'on-demand',"
+            "  0.17, 0.17, 0.25, now() - interval '1 hour' FROM trnflow.stages WHERE run_id = " +
+            running_run +
+            ";"
+            "SELECT 1");
   }
   {
     schema::Catalog o(owner);
     auto report = o.Migrate(sim::Catalog::Builtin());
     EXPECT_EQ(report.from_version, kHistorySchema);
-    EXPECT_EQ(report.to_version, schema::Catalog::BinarySchemaVersion());
+    EXPECT_EQ(report.to_version, schema::testing::BinarySchemaVersion());
     o.RequireCurrentSchema();
   }
   // The migration filled the queue tables from the stages as they were (the running one
@@ -1199,13 +1247,16 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   // The attempt that was open at the upgrade is open still, with what its claim knew, and
   // closes into the ledger at the price it was claimed at.
   const std::string long_stage =
-      c.QueryValue("SELECT id FROM trnflow.stages WHERE run_id = " + running_run);
-  EXPECT_EQ(c.QueryValue("SELECT worker_name || ' ' || price_usd_hour || ' ' || progress_from"
-                         " FROM trnflow.open_attempts WHERE stage_id = " + long_stage +
-                         " AND attempt = 1"),
+      schema::testing::QueryValue(c, "SELECT id FROM trnflow.stages WHERE run_id = " + running_run);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c,
+                "SELECT worker_name || ' ' || price_usd_hour || ' ' || progress_from"
+                " FROM trnflow.open_attempts WHERE stage_id = " +
+                    long_stage + " AND attempt = 1"),
             "old-worker 0.170000 0.25");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " +
-                         running_run + " AND outcome IS NULL"),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + running_run +
+                       " AND outcome IS NULL"),
             "1");
   schema::AttemptResult done;
   done.stage_id = std::stoll(long_stage);
@@ -1217,13 +1268,16 @@ TEST(Catalog, MigratesForwardWithItsHistory) {
   done.billed_seconds = 3600;
   done.cost = Money::FromMicros(170'000);
   done.progress_to = 1;
-  ASSERT_EQ(c.CompleteAttempts({done}).size(), 1u);
-  EXPECT_EQ(c.QueryValue("SELECT outcome || ' ' || price_usd_hour || ' ' || worker_name || ' ' ||"
-                         " cost_usd || ' ' || progress_from FROM trnflow.attempts"
-                         " WHERE stage_id = " + long_stage + " AND attempt = 1"),
+  ASSERT_EQ(schema::testing::CompleteAttempts(c, {done}).size(), 1u);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c,
+                "SELECT outcome || ' ' || price_usd_hour || ' ' || worker_name || ' ' ||"
+                " cost_usd || ' ' || progress_from FROM trnflow.attempts"
+                " WHERE stage_id = " +
+                    long_stage + " AND attempt = 1"),
             "succeeded 0.170000 old-worker 0.170000 0.25");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.open_attempts WHERE run_id = " +
-                         running_run),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.open_attempts WHERE run_id = " + running_run),
             "0");
 }
 

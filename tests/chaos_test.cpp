@@ -15,6 +15,7 @@
 
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/daemon.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
@@ -48,7 +49,7 @@ std::string Query(const std::string& sql) {
   for (int i = 0; i < 100; ++i) {
     try {
       schema::Catalog c(TestDatabase::url());
-      return c.QueryValue(sql);
+      return schema::testing::QueryValue(c, sql);
     } catch (const std::exception&) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

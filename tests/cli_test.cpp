@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -50,16 +51,18 @@ TEST(Cli, ClimateRunSucceedsAndEveryTotalAgrees) {
   std::string printed = m[1];
   // ... equals the ledger's sum, to the cent...
   schema::Catalog c(TestDatabase::url());
-  std::string sql_sum = c.QueryValue(
-      "SELECT '$' || round(sum(cost_usd), 2)::text FROM trnflow.attempt_ledger WHERE run_id = " +
-      std::to_string(run));
+  std::string sql_sum = schema::testing::QueryValue(
+      c, "SELECT '$' || round(sum(cost_usd), 2)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+             std::to_string(run));
   EXPECT_EQ(printed, sql_sum);
   EXPECT_NE(printed, "$0.00");
   // ... and the views agree with the ledger to the micro-dollar.
-  EXPECT_EQ(c.QueryValue("SELECT cost_usd::text FROM trnflow.run_status WHERE run_id = " +
-                         std::to_string(run)),
-            c.QueryValue("SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
-                         std::to_string(run)));
+  EXPECT_EQ(
+      schema::testing::QueryValue(
+          c, "SELECT cost_usd::text FROM trnflow.run_status WHERE run_id = " + std::to_string(run)),
+      schema::testing::QueryValue(
+          c, "SELECT sum(cost_usd)::text FROM trnflow.attempt_ledger WHERE run_id = " +
+                 std::to_string(run)));
   // All ten stages succeeded with exactly one attempt each.
   Result show = Trnflow("show " + std::to_string(run) + " --format json");
   ASSERT_EQ(show.exit_code, 0) << show.err;
@@ -103,7 +106,7 @@ TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
   ASSERT_EQ(Trnflow("project add tight").exit_code, 0);
   ASSERT_EQ(Trnflow("budget set tight 10").exit_code, 0);
   schema::Catalog c(TestDatabase::url());
-  std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string before = schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs");
   Result r = Trnflow("run examples/climate/pipeline.yaml --project tight");
   EXPECT_EQ(r.exit_code, 4) << "refused, not bad input (docs/cli.md#exit-codes): " << r.out
                             << r.err;
@@ -112,7 +115,7 @@ TEST(Cli, BudgetAdmissionRefusesWithTheNumbersUnlessForced) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("--force"), std::string::npos);
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), before);
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs"), before);
   Result forced =
       Trnflow("submit examples/climate/pipeline.yaml --project tight --force --format json");
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
@@ -138,10 +141,11 @@ TEST(Cli, SpendEqualsTheViewsToTheCent) {
   auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 10u);
   for (const auto& row : rows) {
-    std::string view = c.QueryValue(
+    std::string view = schema::testing::QueryValue(
+        c,
         "SELECT round(cost_usd, 2)::text FROM trnflow.spend_by_stage WHERE project = "
         "'spend-check' AND stage = '" +
-        row["stage"].get<std::string>() + "'");
+            row["stage"].get<std::string>() + "'");
     char mine[32];
     std::snprintf(mine, sizeof mine, "%.2f", row["cost_usd"].get<double>());
     EXPECT_EQ(view, mine) << row.dump();
@@ -303,7 +307,7 @@ TEST(Cli, FailingStageFailsTheRunWithExitOne) {
 
 TEST(Cli, BrokenFileIsLocatedExitsTwoAndWritesNothing) {
   schema::Catalog c(TestDatabase::url());
-  std::string before = c.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string before = schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs");
   std::string file = WriteTemp("broken.yaml",
                                "pipeline: broken\nproject: lab\nstages:\n"
                                "  train:\n    kind: train\n    instance: trn1.32xlarge\n"
@@ -316,7 +320,7 @@ TEST(Cli, BrokenFileIsLocatedExitsTwoAndWritesNothing) {
         << r.err;
     EXPECT_NE(r.err.find("hint: did you mean 'model'?"), std::string::npos) << r.err;
   }
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.runs"), before);
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs"), before);
 }
 
 TEST(Cli, UnreachableCatalogExitsThreeNamingTheUrlWithoutPassword) {

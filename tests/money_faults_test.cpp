@@ -10,15 +10,15 @@
 
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "common/money.h"
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/daemon.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
@@ -31,7 +31,9 @@ using testing::Daemon;
 using testing::TestDatabase;
 using testing::WaitFor;
 
-std::string Q(schema::Catalog& c, const std::string& sql) { return c.QueryValue(sql); }
+std::string Q(schema::Catalog& c, const std::string& sql) {
+  return schema::testing::QueryValue(c, sql);
+}
 
 Money Usd(const std::string& text) {
   Money m;

@@ -13,6 +13,7 @@
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "tests/test_engine.h"
@@ -42,13 +43,13 @@ int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p) {
   workers::Worker worker(testing::TestWorkerOptions({{"trn1", 4}, {"cpu", 2}}));
   sched.Start();
   worker.Start();
-  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != "running"; }, 60));
+  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != schema::RunState::kRunning; }, 60));
   return run;
 }
 
 // The first day of the UTC month `back` months before this one, as PostgreSQL reads it.
 std::string MonthStart(schema::Catalog& owner, int back) {
-  return owner.QueryValue(
+  return schema::testing::QueryValue(owner, 
       "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - "
       "interval '" +
       std::to_string(back) + " months', 'YYYY-MM-DD')");
@@ -60,13 +61,13 @@ std::string MonthStart(schema::Catalog& owner, int back) {
 // month's partition first.
 void CopyAttemptsInto(schema::Catalog& owner, int64_t run, const std::string& first_day,
                       int attempt_offset) {
-  owner.QueryValue("SELECT trnflow.attempts_make_partition(DATE '" + first_day + "')");
-  std::string list = owner.QueryValue(
+  schema::testing::QueryValue(owner, "SELECT trnflow.attempts_make_partition(DATE '" + first_day + "')");
+  std::string list = schema::testing::QueryValue(owner, 
       "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM "
       "information_schema.columns WHERE table_schema = 'trnflow' AND table_name = 'attempts' "
       "AND column_name NOT IN ('id', 'attempt', 'started_at', 'finished_at')");
   std::string from = "(TIMESTAMPTZ '" + first_day + " 00:00:00+00' + interval '3 days')";
-  owner.QueryValue("INSERT INTO trnflow.attempts (attempt, started_at, finished_at, " + list +
+  schema::testing::QueryValue(owner, "INSERT INTO trnflow.attempts (attempt, started_at, finished_at, " + list +
                    ") SELECT attempt + " + std::to_string(attempt_offset) + ", " + from + ", " +
                    from + " + (finished_at - started_at), " + list +
                    " FROM trnflow.attempts WHERE run_id = " + std::to_string(run) +
@@ -109,41 +110,41 @@ std::string TempPath(const std::string& name) {
 TEST(Partitions, RowsLandInTheirMonthsPartitionAndTheRollupsSeeThem) {
   schema::Catalog c(TestDatabase::url());
   schema::Catalog owner(TestDatabase::owner_url());
-  EXPECT_EQ(owner.QueryValue("SELECT relkind::text FROM pg_class WHERE oid = "
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT relkind::text FROM pg_class WHERE oid = "
                              "'trnflow.attempts'::regclass"),
             "p");
   int64_t run = RunToEnd(c, MustParse(kSmall, "land"));
-  ASSERT_EQ(c.GetRun(run)->state, "succeeded");
+  ASSERT_EQ(schema::ToSql(c.GetRun(run)->state), "succeeded");
   std::string r = std::to_string(run);
   CopyAttemptsInto(owner, run, MonthStart(owner, 5), 100);
   // Every row is in the partition named after its started_at's UTC month; none in the default.
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts a WHERE a.run_id = " + r +
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts a WHERE a.run_id = " + r +
                              " AND (SELECT c.relname FROM pg_class c WHERE c.oid = a.tableoid) <> "
                              "'attempts_' || to_char(a.started_at AT TIME ZONE 'UTC', 'YYYY_MM')"),
             "0");
   EXPECT_EQ(
-      owner.QueryValue("SELECT count(DISTINCT tableoid) FROM trnflow.attempts WHERE run_id = " + r),
+      schema::testing::QueryValue(owner, "SELECT count(DISTINCT tableoid) FROM trnflow.attempts WHERE run_id = " + r),
       "2");
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts_default WHERE run_id = " + r),
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts_default WHERE run_id = " + r),
             "0");
   // The statement triggers on the partitioned table counted both months' rows: the monthly
   // rollup and the ledger agree, as do the /metrics counters.
   EXPECT_EQ(
-      owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'land'"),
-      owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = " + r));
-  EXPECT_EQ(owner.QueryValue("SELECT count(DISTINCT month) FROM trnflow.spend_month WHERE "
+      schema::testing::QueryValue(owner, "SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'land'"),
+      schema::testing::QueryValue(owner, "SELECT sum(cost_usd) FROM trnflow.attempts WHERE run_id = " + r));
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(DISTINCT month) FROM trnflow.spend_month WHERE "
                              "project = 'land'"),
             "2");
   // Members read through the partitioned table as before (the view and row-level security).
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + r),
-            owner.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r));
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.attempt_ledger WHERE run_id = " + r),
+            schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts WHERE run_id = " + r));
   // A partition is append-only by itself too.
-  std::string part = owner.QueryValue(
+  std::string part = schema::testing::QueryValue(owner, 
       "SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
       "'UTC', 'YYYY_MM')");
-  EXPECT_ANY_THROW(owner.QueryValue("UPDATE " + part + " SET cost_usd = 0 RETURNING 1"));
-  EXPECT_ANY_THROW(owner.QueryValue("DELETE FROM " + part + " RETURNING 1"));
-  EXPECT_ANY_THROW(owner.QueryValue("UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " + r +
+  EXPECT_ANY_THROW(schema::testing::QueryValue(owner, "UPDATE " + part + " SET cost_usd = 0 RETURNING 1"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(owner, "DELETE FROM " + part + " RETURNING 1"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(owner, "UPDATE trnflow.attempts SET cost_usd = 0 WHERE run_id = " + r +
                                     " RETURNING 1"));
 }
 
@@ -169,34 +170,34 @@ TEST(Partitions, ADuplicateCloseIsRefusedThroughThePartitionedTable) {
   res.outcome = Outcome::kSucceeded;
   res.next_state = StageState::kSucceeded;
   res.cost = Money::FromMicros(2'000'000);
-  ASSERT_EQ(c.CompleteAttempts({res}).size(), 1u);
-  EXPECT_TRUE(c.CompleteAttempts({res}).empty());  // the fence: the stage is no longer running
+  ASSERT_EQ(schema::testing::CompleteAttempts(c, {res}).size(), 1u);
+  EXPECT_TRUE(schema::testing::CompleteAttempts(c, {res}).empty());  // the fence: the stage is no longer running
   std::string s = std::to_string(res.stage_id);
   auto ledger_rows = [&] {
-    return owner.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE stage_id = " + s);
+    return schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts WHERE stage_id = " + s);
   };
   ASSERT_EQ(ledger_rows(), "1");
   // Past the fence: the stage row put back as if the lease were still held (a bug, or a
   // lost update), then the same close again. The ledger's keys refuse the second row.
-  owner.QueryValue("UPDATE trnflow.stages SET state = 'running', lease_owner = '" + me +
+  schema::testing::QueryValue(owner, "UPDATE trnflow.stages SET state = 'running', lease_owner = '" + me +
                    "', lease_expires_at = now() + interval '1 minute', finished_at = NULL "
                    "WHERE id = " +
                    s + " RETURNING 1");
-  EXPECT_ANY_THROW(c.CompleteAttempts({res}));
+  EXPECT_ANY_THROW(schema::testing::CompleteAttempts(c, {res}));
   EXPECT_EQ(ledger_rows(), "1");
   // The same row written directly, by the daemons' login, in either key.
   std::string cols =
       "stage_id, run_id, attempt, worker_id, worker_name, instance_type, instance_count, market, "
       "price_usd_hour, started_at, finished_at, outcome, cost_usd";
-  EXPECT_ANY_THROW(c.QueryValue("INSERT INTO trnflow.attempts (id, " + cols + ") SELECT id, " +
+  EXPECT_ANY_THROW(schema::testing::QueryValue(c, "INSERT INTO trnflow.attempts (id, " + cols + ") SELECT id, " +
                                 cols + " FROM trnflow.attempts WHERE stage_id = " + s +
                                 " RETURNING 1"));
-  EXPECT_ANY_THROW(c.QueryValue("INSERT INTO trnflow.attempts (" + cols + ") SELECT " + cols +
+  EXPECT_ANY_THROW(schema::testing::QueryValue(c, "INSERT INTO trnflow.attempts (" + cols + ") SELECT " + cols +
                                 " FROM trnflow.attempts WHERE stage_id = " + s + " RETURNING 1"));
   EXPECT_EQ(ledger_rows(), "1");
-  EXPECT_EQ(owner.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'dup'"),
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT sum(cost_usd) FROM trnflow.spend_month WHERE project = 'dup'"),
             "2.000000");
-  owner.QueryValue(
+  schema::testing::QueryValue(owner, 
       "UPDATE trnflow.stages SET state = 'succeeded', lease_owner = NULL, "
       "lease_expires_at = NULL, finished_at = now() WHERE id = " +
       s + " RETURNING 1");
@@ -207,7 +208,7 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
   schema::Catalog owner(TestDatabase::owner_url());
   for (int bad : {-1, 25, 1000}) EXPECT_ANY_THROW(c.MakeAttemptsPartitionsAhead(bad)) << bad;
   try {
-    c.QueryValue("SELECT trnflow.attempts_partitions_ahead(NULL)");
+    schema::testing::QueryValue(c, "SELECT trnflow.attempts_partitions_ahead(NULL)");
     ADD_FAILURE() << "NULL accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("expected 0 to 24 months"), std::string::npos) << e.what();
@@ -215,11 +216,11 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
   EXPECT_GE(c.MakeAttemptsPartitionsAhead(3), 0);
   EXPECT_EQ(c.MakeAttemptsPartitionsAhead(3), 0);  // all there now
   EXPECT_EQ(c.MakeAttemptsPartitionsAhead(6), 3);
-  std::string far = owner.QueryValue(
+  std::string far = schema::testing::QueryValue(owner, 
       "SELECT 'trnflow.attempts_' || to_char(now() AT TIME ZONE "
       "'UTC' + interval '6 months', 'YYYY_MM')");
-  EXPECT_EQ(owner.QueryValue("SELECT to_regclass('" + far + "') IS NOT NULL"), "t");
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM pg_trigger WHERE tgrelid = '" + far +
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT to_regclass('" + far + "') IS NOT NULL"), "t");
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM pg_trigger WHERE tgrelid = '" + far +
                              "'::regclass AND tgname = 'attempts_closed_once'"),
             "1");
 
@@ -227,7 +228,7 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
   std::string member = TestDatabase::NewLogin("ahead_member");
   owner.AddProject("ahead", {"trnflow_test_" + TestDatabase::database_name() + "_ahead_member"});
   std::string reader = TestDatabase::NewLogin("ahead_reader");
-  owner.QueryValue("GRANT " + TestDatabase::database_name() + "_reader TO trnflow_test_" +
+  schema::testing::QueryValue(owner, "GRANT " + TestDatabase::database_name() + "_reader TO trnflow_test_" +
                    TestDatabase::database_name() + "_ahead_reader; SELECT 1");
   for (const auto& url : {member, reader}) {
     schema::Catalog who(url);
@@ -235,7 +236,7 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
                             "SELECT trnflow.attempts_make_partition(DATE '2001-01-01')",
                             "SELECT count(*) FROM trnflow.attempts_default"}) {
       try {
-        who.QueryValue(sql);
+        schema::testing::QueryValue(who, sql);
         ADD_FAILURE() << url << ": " << sql << " was allowed";
       } catch (const std::exception& e) {
         EXPECT_NE(std::string(e.what()).find("permission denied"), std::string::npos)
@@ -243,7 +244,7 @@ TEST(Partitions, PartitionsAheadChecksItsArgumentAndOnlyTheDaemonsMayCallIt) {
       }
     }
   }
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM pg_proc p WHERE p.pronamespace = "
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = "
                              "'trnflow'::regnamespace AND p.proname IN "
                              "('attempts_partitions_ahead', 'attempts_make_partition') AND "
                              "has_function_privilege('public', p.oid, 'EXECUTE')"),
@@ -254,14 +255,14 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   schema::Catalog c(TestDatabase::url());
   schema::Catalog owner(TestDatabase::owner_url());
   int64_t run = RunToEnd(c, MustParse(kSmall, "archive"));
-  ASSERT_EQ(c.GetRun(run)->state, "succeeded");
+  ASSERT_EQ(schema::ToSql(c.GetRun(run)->state), "succeeded");
   std::string first_day = MonthStart(owner, 2);  // YYYY-MM-01
   std::string month = first_day.substr(0, 7);
   std::string part = "trnflow.attempts_" + month.substr(0, 4) + "_" + month.substr(5, 2);
   CopyAttemptsInto(owner, run, first_day, 200);
-  std::string in_month = owner.QueryValue("SELECT count(*) FROM " + part);
+  std::string in_month = schema::testing::QueryValue(owner, "SELECT count(*) FROM " + part);
   ASSERT_NE(in_month, "0");
-  std::string total = owner.QueryValue("SELECT count(*) FROM trnflow.attempts");
+  std::string total = schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts");
   auto metrics = MetricsOf(owner);
   std::string reports = Reports(owner);
   ASSERT_NE(reports.find(month), std::string::npos) << reports;
@@ -269,9 +270,9 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   // Refused, exit 2, nothing written: malformed months, the current month, one to come, one
   // without a partition.
   std::string file = TempPath("archive.dump");
-  std::string this_month = owner.QueryValue("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')");
+  std::string this_month = schema::testing::QueryValue(owner, "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')");
   std::string next_month =
-      owner.QueryValue("SELECT to_char(now() AT TIME ZONE 'UTC' + interval '1 month', 'YYYY-MM')");
+      schema::testing::QueryValue(owner, "SELECT to_char(now() AT TIME ZONE 'UTC' + interval '1 month', 'YYYY-MM')");
   for (const auto& [m, says] : std::vector<std::pair<std::string, std::string>>{
            {"2025-13", "expected a UTC month as YYYY-MM"},
            {"2025/11", "expected a UTC month as YYYY-MM"},
@@ -291,14 +292,14 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   EXPECT_NE(dry.out.find("would dump " + in_month + " attempts of " + month), std::string::npos)
       << dry.out;
   EXPECT_FALSE(std::filesystem::exists(file));
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM " + part), in_month);
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM " + part), in_month);
 
   // --keep: the dump only.
   std::string kept = TempPath("kept.dump");
   CliResult keep = RunTrnflow("db archive --month " + month + " --file " + kept + " --keep");
   EXPECT_EQ(keep.exit_code, 0) << keep.out << keep.err;
   EXPECT_TRUE(std::filesystem::exists(kept));
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM " + part), in_month);
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM " + part), in_month);
   // An archive is never overwritten.
   CliResult again = RunTrnflow("db archive --month " + month + " --file " + kept + " --yes");
   EXPECT_EQ(again.exit_code, 2) << again.out << again.err;
@@ -311,8 +312,8 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
   ASSERT_TRUE(std::filesystem::exists(file));
   std::string list = Sh("pg_restore --list " + file).out;
   EXPECT_NE(list.find("TABLE DATA trnflow " + part.substr(8) + " "), std::string::npos) << list;
-  EXPECT_EQ(owner.QueryValue("SELECT to_regclass('" + part + "') IS NULL"), "t");
-  EXPECT_EQ(std::stoll(owner.QueryValue("SELECT count(*) FROM trnflow.attempts")),
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT to_regclass('" + part + "') IS NULL"), "t");
+  EXPECT_EQ(std::stoll(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts")),
             std::stoll(total) - std::stoll(in_month));
   // The rollups and counters keep the month.
   EXPECT_EQ(Reports(owner), reports);
@@ -331,15 +332,15 @@ TEST(Partitions, ArchiveDumpsChecksAndDropsAPastMonthAndTheReportsStayTheSame) {
          url + "' " + file + " 2>&1 && psql -X -q '" + url +
          "' -c \"ALTER TABLE trnflow.attempts ATTACH PARTITION " + part + " FOR VALUES FROM ('" +
          first_day + " 00:00:00+00') TO ('" +
-         owner.QueryValue("SELECT (DATE '" + first_day + "' + interval '1 month')::date") +
+         schema::testing::QueryValue(owner, "SELECT (DATE '" + first_day + "' + interval '1 month')::date") +
          " 00:00:00+00')\" 2>&1");
   EXPECT_EQ(restore.exit_code, 0) << restore.out;
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts"), total);
-  EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE tableoid = '" + part +
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts"), total);
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.attempts WHERE tableoid = '" + part +
                              "'::regclass"),
             in_month);
   EXPECT_EQ(Reports(owner), reports);
-  EXPECT_ANY_THROW(owner.QueryValue("DELETE FROM " + part + " RETURNING 1"));  // its trigger too
+  EXPECT_ANY_THROW(schema::testing::QueryValue(owner, "DELETE FROM " + part + " RETURNING 1"));  // its trigger too
   std::filesystem::remove_all(std::filesystem::path(file).parent_path());
 }
 
@@ -348,7 +349,7 @@ TEST(Partitions, ArchiveRefusesAMonthWithAnOpenAttempt) {
   schema::Catalog owner(TestDatabase::owner_url());
   std::string first_day = MonthStart(owner, 3);
   std::string month = first_day.substr(0, 7);
-  owner.QueryValue("SELECT trnflow.attempts_make_partition(DATE '" + first_day + "')");
+  schema::testing::QueryValue(owner, "SELECT trnflow.attempts_make_partition(DATE '" + first_day + "')");
   auto p = MustParse(
       "pipeline: open\nproject: lab\nstages:\n"
       "  a: {kind: compile, target: inf2, instance: trn1.2xlarge, model: bert-large, "
@@ -359,7 +360,7 @@ TEST(Partitions, ArchiveRefusesAMonthWithAnOpenAttempt) {
   auto claimed = c.ClaimReadyStages("trn1", 4, me, "test:37", 300, run);
   ASSERT_EQ(claimed.size(), 1u);
   // An attempt that started in that month and is still running (a long one).
-  owner.QueryValue("UPDATE trnflow.stages SET attempt_started_at = TIMESTAMPTZ '" + first_day +
+  schema::testing::QueryValue(owner, "UPDATE trnflow.stages SET attempt_started_at = TIMESTAMPTZ '" + first_day +
                    " 12:00:00+00' WHERE id = " + std::to_string(claimed[0].stage_id) +
                    " RETURNING 1");
   std::string file = TempPath("open.dump");
@@ -368,15 +369,15 @@ TEST(Partitions, ArchiveRefusesAMonthWithAnOpenAttempt) {
   EXPECT_NE(r.err.find("1 attempts that started then are still open"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(file));
   std::string part = "trnflow.attempts_" + month.substr(0, 4) + "_" + month.substr(5, 2);
-  EXPECT_EQ(owner.QueryValue("SELECT to_regclass('" + part + "') IS NOT NULL"), "t");
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT to_regclass('" + part + "') IS NOT NULL"), "t");
   // Its close lands in that month's partition, which is still there.
   schema::AttemptResult res;
   res.stage_id = claimed[0].stage_id;
   res.attempt = claimed[0].attempt;
   res.lease_owner = me;
   res.cost = Money::FromMicros(1'000'000);
-  ASSERT_EQ(c.CompleteAttempts({res}).size(), 1u);
-  EXPECT_EQ(owner.QueryValue("SELECT 'trnflow.' || c.relname FROM pg_class c WHERE c.oid = (SELECT "
+  ASSERT_EQ(schema::testing::CompleteAttempts(c, {res}).size(), 1u);
+  EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT 'trnflow.' || c.relname FROM pg_class c WHERE c.oid = (SELECT "
                              "a.tableoid FROM trnflow.attempts a WHERE a.stage_id = " +
                              std::to_string(res.stage_id) + ")"),
             part);

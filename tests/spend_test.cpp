@@ -11,6 +11,7 @@
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/test_db.h"
 #include "tests/test_engine.h"
 #include "workers/worker.h"
@@ -58,23 +59,28 @@ TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
   int64_t run = RunToEnd(c, MustParse(kSmall, "agree"));
   ASSERT_EQ(schema::ToSql(c.GetRun(run)->state), "succeeded");
   std::string r = std::to_string(run);
-  std::string ledger =
-      c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
-  EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_run WHERE run_id = " + r), ledger);
-  EXPECT_EQ(c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_daily WHERE project = 'agree'"),
+  std::string ledger = schema::testing::QueryValue(
+      c, "SELECT sum(cost_usd) FROM trnflow.attempt_ledger WHERE run_id = " + r);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT cost_usd FROM trnflow.spend_by_run WHERE run_id = " + r),
             ledger);
-  EXPECT_EQ(
-      c.QueryValue("SELECT sum(cost_usd) FROM trnflow.spend_by_stage WHERE project = 'agree'"),
-      ledger);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT sum(cost_usd) FROM trnflow.spend_daily WHERE project = 'agree'"),
+            ledger);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT sum(cost_usd) FROM trnflow.spend_by_stage WHERE project = 'agree'"),
+            ledger);
   Money ledger_money;
   ASSERT_TRUE(Money::Parse(ledger, &ledger_money));
   // The report, by stage, from the rollup, and by run, from the ledger itself.
   Money by_stage, by_run;
   for (const auto& row : c.Spend({"agree", "", "", "", {"stage"}})) {
     by_stage += row.cost;
-    EXPECT_EQ(c.QueryValue("SELECT cost_usd FROM trnflow.spend_by_stage WHERE project = 'agree' "
-                           "AND stage = '" +
-                           row.keys[0] + "'"),
+    EXPECT_EQ(schema::testing::QueryValue(
+                  c,
+                  "SELECT cost_usd FROM trnflow.spend_by_stage WHERE project = 'agree' "
+                  "AND stage = '" +
+                      row.keys[0] + "'"),
               row.cost.ToDecimal())
         << row.keys[0];
   }
@@ -85,11 +91,15 @@ TEST(Spend, LedgerViewsAndReportAgreeToTheMicroDollar) {
   ASSERT_EQ(total.size(), 1u);
   EXPECT_EQ(total[0].cost, ledger_money);
   // Spot savings and the GPU baseline are there for every closed attempt.
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.attempts WHERE baseline_usd IS NULL "
-                         "OR on_demand_price_usd_hour IS NULL"),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c,
+                "SELECT count(*) FROM trnflow.attempts WHERE baseline_usd IS NULL "
+                "OR on_demand_price_usd_hour IS NULL"),
             "0");
-  EXPECT_GT(std::stod(c.QueryValue("SELECT savings_usd FROM trnflow.spot_savings WHERE project = "
-                                   "'agree' AND stage = 'train'")),
+  EXPECT_GT(std::stod(schema::testing::QueryValue(
+                c,
+                "SELECT savings_usd FROM trnflow.spot_savings WHERE project = "
+                "'agree' AND stage = 'train'")),
             0);
   EXPECT_THROW(c.Spend({"agree", "", "", "", {"colour"}}), UserError);
 }
@@ -113,7 +123,8 @@ TEST(Spend, EveryRollupEqualsTheLedgerToTheCent) {
   // Every column of the ledger but the id, as written, but for these.
   std::vector<std::string> columns;
   {
-    std::string list = owner.QueryValue(
+    std::string list = schema::testing::QueryValue(
+        owner,
         "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM "
         "information_schema.columns WHERE table_schema = 'trnflow' AND table_name = 'attempts' "
         "AND is_generated = 'NEVER' AND column_name <> 'id'");
@@ -133,11 +144,14 @@ TEST(Spend, EveryRollupEqualsTheLedgerToTheCent) {
       auto it = changed.find(col);
       exprs += (exprs.empty() ? "" : ", ") + (it == changed.end() ? "a." + col : it->second);
     }
-    owner.QueryValue("INSERT INTO trnflow.attempts (" + cols + ") SELECT " + exprs +
-                     " FROM trnflow.attempts a WHERE a.attempt < 10 RETURNING 1");
+    schema::testing::QueryValue(owner,
+                                "INSERT INTO trnflow.attempts (" + cols + ") SELECT " + exprs +
+                                    " FROM trnflow.attempts a WHERE a.attempt < 10 RETURNING 1");
   }
-  ASSERT_GT(std::stoi(owner.QueryValue("SELECT count(DISTINCT date_trunc('month', started_at AT "
-                                       "TIME ZONE 'UTC')) FROM trnflow.attempts")),
+  ASSERT_GT(std::stoi(schema::testing::QueryValue(
+                owner,
+                "SELECT count(DISTINCT date_trunc('month', started_at AT "
+                "TIME ZONE 'UTC')) FROM trnflow.attempts")),
             3);
 
   // Each report against the same report from the ledger (grouped by run as well, which only
@@ -151,16 +165,19 @@ TEST(Spend, EveryRollupEqualsTheLedgerToTheCent) {
       {},          {"project"}, {"pipeline"},       {"stage"},         {"kind"},
       {"instance"}, {"market"}, {"day"},            {"month"},         {"project", "month"},
       {"stage", "market"},      {"day", "pipeline"}, {"kind", "instance", "market", "month"}};
-  std::string first = owner.QueryValue(
+  std::string first = schema::testing::QueryValue(
+      owner,
       "SELECT to_char(min(started_at AT TIME ZONE 'UTC'), 'YYYY-MM-01') FROM trnflow.attempts");
-  std::string last = owner.QueryValue(
+  std::string last = schema::testing::QueryValue(
+      owner,
       "SELECT (date_trunc('month', max(started_at AT TIME ZONE 'UTC')) + interval '1 month' - "
       "interval '1 day')::date FROM trnflow.attempts");
-  std::string month_ago = owner.QueryValue(
+  std::string month_ago = schema::testing::QueryValue(
+      owner,
       "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') - interval '1 month', "
       "'YYYY-MM-DD')");
-  std::string mid = owner.QueryValue(
-      "SELECT ((now() AT TIME ZONE 'UTC') - interval '36 days')::date");
+  std::string mid = schema::testing::QueryValue(
+      owner, "SELECT ((now() AT TIME ZONE 'UTC') - interval '36 days')::date");
   const std::vector<std::pair<std::string, std::string>> ranges = {
       {"", ""}, {first, last}, {month_ago, ""}, {"", month_ago}, {mid, ""}, {"", mid},
       {first, mid}};
@@ -234,32 +251,40 @@ TEST(Spend, EveryRollupEqualsTheLedgerToTheCent) {
   for (const auto& [view, ledger] : {std::pair<std::string, std::string>{"spend_by_stage_daily",
                                                                           stage_daily},
                                      {"interruption_waste_daily", waste_daily}}) {
-    EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM ((SELECT * FROM trnflow." + view +
-                               " EXCEPT ALL " + ledger + ") UNION ALL (" + ledger +
-                               " EXCEPT ALL SELECT * FROM trnflow." + view + ")) x"),
+    EXPECT_EQ(schema::testing::QueryValue(
+                  owner, "SELECT count(*) FROM ((SELECT * FROM trnflow." + view + " EXCEPT ALL " +
+                             ledger + ") UNION ALL (" + ledger +
+                             " EXCEPT ALL SELECT * FROM trnflow." + view + ")) x"),
               "0")
         << view;
-    EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow." + view),
-              owner.QueryValue("SELECT count(*) FROM (" + ledger + ") x"))
+    EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow." + view),
+              schema::testing::QueryValue(owner, "SELECT count(*) FROM (" + ledger + ") x"))
         << view;
   }
   // Retries on one day count their run once: the case a sum of attempts would get wrong.
-  EXPECT_NE(owner.QueryValue("SELECT count(*) FROM trnflow.spend_by_stage_daily "
-                             "WHERE runs < attempts"),
+  EXPECT_NE(schema::testing::QueryValue(owner,
+                                        "SELECT count(*) FROM trnflow.spend_by_stage_daily "
+                                        "WHERE runs < attempts"),
             "0");
-  EXPECT_NE(owner.QueryValue("SELECT count(*) FROM trnflow.interruption_waste_daily"), "0");
+  EXPECT_NE(
+      schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow.interruption_waste_daily"),
+      "0");
 
   // A month budget's closed spend (spend_day) and a total one's (/metrics' counters).
-  EXPECT_EQ(owner.QueryValue("SELECT trnflow.closed_spend('flat-a', date_trunc('month', now() AT "
-                             "TIME ZONE 'UTC') AT TIME ZONE 'UTC') = (SELECT sum(a.cost_usd) FROM "
-                             "trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id WHERE "
-                             "r.project = 'flat-a' AND a.started_at >= date_trunc('month', now() "
-                             "AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"),
+  EXPECT_EQ(schema::testing::QueryValue(
+                owner,
+                "SELECT trnflow.closed_spend('flat-a', date_trunc('month', now() AT "
+                "TIME ZONE 'UTC') AT TIME ZONE 'UTC') = (SELECT sum(a.cost_usd) FROM "
+                "trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id WHERE "
+                "r.project = 'flat-a' AND a.started_at >= date_trunc('month', now() "
+                "AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"),
             "t");
-  EXPECT_EQ(owner.QueryValue("SELECT trnflow.closed_spend('flat-a', '-infinity') = (SELECT "
-                             "sum(a.cost_usd) FROM trnflow.attempts a JOIN trnflow.runs r ON "
-                             "r.id = a.run_id WHERE r.project = 'flat-a')"),
-            "t");
+  EXPECT_EQ(
+      schema::testing::QueryValue(owner,
+                                  "SELECT trnflow.closed_spend('flat-a', '-infinity') = (SELECT "
+                                  "sum(a.cost_usd) FROM trnflow.attempts a JOIN trnflow.runs r ON "
+                                  "r.id = a.run_id WHERE r.project = 'flat-a')"),
+      "t");
 
   // What the triggers kept equals a rebuild from the ledger, row for row (over the shards of
   // the sharded two: the trigger writes the closing backend's, a rebuild shard 0).
@@ -276,13 +301,14 @@ TEST(Spend, EveryRollupEqualsTheLedgerToTheCent) {
        "sum(wasted_usd), sum(saved_usd) FROM trnflow.spend_day GROUP BY 1, 2, 3"}};
   std::map<std::string, std::string> kept;
   for (const auto& [t, q] : contents)
-    kept[t] = owner.QueryValue("SELECT md5(string_agg(x::text, ';' ORDER BY x::text)) FROM (" + q +
-                               ") x");
-  owner.RebuildSpendRollup();
+    kept[t] = schema::testing::QueryValue(
+        owner, "SELECT md5(string_agg(x::text, ';' ORDER BY x::text)) FROM (" + q + ") x");
+  schema::testing::RebuildSpendRollup(owner);
   for (const auto& [t, q] : contents)
-    EXPECT_EQ(owner.QueryValue("SELECT md5(string_agg(x::text, ';' ORDER BY x::text)) FROM (" + q +
-                               ") x"),
-              kept[t])
+    EXPECT_EQ(
+        schema::testing::QueryValue(
+            owner, "SELECT md5(string_agg(x::text, ';' ORDER BY x::text)) FROM (" + q + ") x"),
+        kept[t])
         << t;
 }
 
@@ -307,7 +333,8 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   // And one run of each still waiting, so the queue holds rows of both projects.
   c.SubmitRun(MustParse(kSmall, "rls-alpha"), Fast(1e6));
   c.SubmitRun(MustParse(kSmall, "rls-beta"), Fast(1e6));
-  ASSERT_NE(admin.QueryValue("SELECT count(*) FROM trnflow.ready_stages WHERE project = 'rls-beta'"),
+  ASSERT_NE(schema::testing::QueryValue(
+                admin, "SELECT count(*) FROM trnflow.ready_stages WHERE project = 'rls-beta'"),
             "0");
   std::string alice_url = TestDatabase::NewLogin("alice");
   std::string rita_url = TestDatabase::NewLogin("rita");
@@ -315,8 +342,8 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
   EXPECT_EQ(admin.AddProject("rls-alpha", {"trnflow_test_" + DatabaseName() + "_alice"}),
             DatabaseName() + "_project_rls_alpha");
   admin.AddProject("rls-beta", {});
-  admin.QueryValue("GRANT " + DatabaseName() + "_reader TO trnflow_test_" + DatabaseName() +
-                   "_rita; SELECT 1");
+  schema::testing::QueryValue(admin, "GRANT " + DatabaseName() + "_reader TO trnflow_test_" +
+                                         DatabaseName() + "_rita; SELECT 1");
   EXPECT_THROW(admin.AddProject("rls-gamma", {"trnflow_test_nobody"}), UserError);
   EXPECT_THROW(admin.AddProject("Bad_Name", {}), UserError);
   EXPECT_THROW(c.AddProject("rls-delta", {}), PermissionDenied) << "the daemon makes no roles";
@@ -329,38 +356,47 @@ TEST(Spend, ProjectMembersSeeOnlyTheirProjectAndCannotWrite) {
       "running_stages", "spend_month", "spend_month_stage", "spend_day", "interruption_rollup",
       "spend_by_stage_daily", "interruption_waste_daily"};
   for (const auto& t : by_project) {
-    EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"),
+    EXPECT_EQ(schema::testing::QueryValue(
+                  alice, "SELECT count(*) FROM trnflow." + t + " WHERE project = 'rls-beta'"),
               "0")
         << t;
   }
-  EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"), "0");
-  EXPECT_NE(alice.QueryValue("SELECT count(*) FROM trnflow.ready_stages"), "0");  // alpha's
+  EXPECT_NE(schema::testing::QueryValue(
+                alice, "SELECT count(*) FROM trnflow.runs WHERE project = 'rls-alpha'"),
+            "0");
+  EXPECT_NE(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.ready_stages"),
+            "0");  // alpha's
   // Rows that hang off runs: only alpha's.
   for (const auto& t : {"stages", "attempts", "open_attempts", "events"})
-    EXPECT_EQ(alice.QueryValue(std::string("SELECT count(*) FROM trnflow.") + t +
-                               " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
+    EXPECT_EQ(schema::testing::QueryValue(
+                  alice, std::string("SELECT count(*) FROM trnflow.") + t +
+                             " x WHERE x.run_id NOT IN (SELECT id FROM trnflow.runs)"),
               "0")
         << t;
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.pipelines"), "1");
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.projects"), "1");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.pipelines"), "1");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.projects"), "1");
+  EXPECT_ANY_THROW(schema::testing::QueryValue(
+      alice, "INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
   EXPECT_ANY_THROW(
-      alice.QueryValue("INSERT INTO trnflow.projects (name) VALUES ('x') RETURNING 1"));
-  EXPECT_ANY_THROW(alice.QueryValue("UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
-  EXPECT_ANY_THROW(alice.QueryValue("DELETE FROM trnflow.attempts RETURNING 1"));
+      schema::testing::QueryValue(alice, "UPDATE trnflow.runs SET state = 'failed' RETURNING 1"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(alice, "DELETE FROM trnflow.attempts RETURNING 1"));
 
   schema::Catalog rita(rita_url);
-  EXPECT_EQ(rita.QueryValue("SELECT count(DISTINCT project) FROM trnflow.spend_by_stage "
-                            "WHERE project IN ('rls-alpha', 'rls-beta')"),
-            "2");
-  EXPECT_EQ(rita.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger"),
-            c.QueryValue("SELECT sum(cost_usd) FROM trnflow.attempt_ledger"));
+  EXPECT_EQ(
+      schema::testing::QueryValue(rita,
+                                  "SELECT count(DISTINCT project) FROM trnflow.spend_by_stage "
+                                  "WHERE project IN ('rls-alpha', 'rls-beta')"),
+      "2");
+  EXPECT_EQ(schema::testing::QueryValue(rita, "SELECT sum(cost_usd) FROM trnflow.attempt_ledger"),
+            schema::testing::QueryValue(c, "SELECT sum(cost_usd) FROM trnflow.attempt_ledger"));
   // `trnflow spend` adds what running attempts have cost so far: the reader may read that.
   EXPECT_NO_THROW(rita.RunningSpend("", ""));
-  EXPECT_EQ(rita.QueryValue("SELECT count(*) FROM trnflow.open_attempts"),
-            c.QueryValue("SELECT count(*) FROM trnflow.open_attempts"));
-  EXPECT_ANY_THROW(rita.QueryValue("SELECT spec FROM trnflow.stages LIMIT 1"));
-  EXPECT_ANY_THROW(rita.QueryValue("SELECT source FROM trnflow.pipelines LIMIT 1"));
-  EXPECT_ANY_THROW(rita.QueryValue("SELECT count(*) FROM trnflow.events"));
+  EXPECT_EQ(schema::testing::QueryValue(rita, "SELECT count(*) FROM trnflow.open_attempts"),
+            schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.open_attempts"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(rita, "SELECT spec FROM trnflow.stages LIMIT 1"));
+  EXPECT_ANY_THROW(
+      schema::testing::QueryValue(rita, "SELECT source FROM trnflow.pipelines LIMIT 1"));
+  EXPECT_ANY_THROW(schema::testing::QueryValue(rita, "SELECT count(*) FROM trnflow.events"));
 }
 
 TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
@@ -382,7 +418,8 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   // The guard announces 100% on its next tick, after the attempt stopped itself at its cap.
   WaitFor(
       [&] {
-        return c.QueryValue(
+        return schema::testing::QueryValue(
+                   c,
                    "SELECT count(*) FROM trnflow.events WHERE kind = 'budget' AND "
                    "data->>'project' = 'thrifty' AND data->>'percent' = '100'") == "1";
       },
@@ -394,7 +431,7 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   ASSERT_EQ(attempts.size(), 1u);
   EXPECT_EQ(schema::ToSql(attempts[0].outcome), "budget_exceeded");
   for (const auto& s : c.GetStages(run)) EXPECT_EQ(schema::ToSql(s.state), "cancelled") << s.name;
-  EXPECT_EQ(c.QueryValue("SELECT string_agg(data->>'percent', ',' ORDER BY id) FROM trnflow.events "
+  EXPECT_EQ(schema::testing::QueryValue(c, "SELECT string_agg(data->>'percent', ',' ORDER BY id) FROM trnflow.events "
                          "WHERE kind = 'budget' AND data->>'project' = 'thrifty'"),
             "50,80,100")
       << "each threshold is announced once";
@@ -402,10 +439,11 @@ TEST(Spend, CrossingTheBudgetStopsTheRunningStage) {
   ASSERT_EQ(budgets.size(), 1u);
   EXPECT_GE(budgets[0].spent, Money::FromUsd(5));
   // The attempt was capped: at most one billing minute over, whatever the speed.
-  Money minute = Charge(Money::FromMicros(std::stoll(c.QueryValue(
+  Money minute = Charge(Money::FromMicros(std::stoll(schema::testing::QueryValue(
+                            c,
                             "SELECT (price_usd_hour * 1000000)::bigint FROM trnflow.attempts "
                             "WHERE run_id = " +
-                            std::to_string(run)))),
+                                std::to_string(run)))),
                         1, 60);
   EXPECT_LE(budgets[0].spent, Money::FromUsd(5) + minute);
 }

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -24,7 +25,7 @@ using testing::MigrateNewCatalog;
 
 std::string Value(const std::string& url, const std::string& sql) {
   schema::Catalog c(url);
-  return c.QueryValue(sql);
+  return schema::testing::QueryValue(c, sql);
 }
 
 // The catalog's own roles (those whose comment names its catalog id and database), its prefix

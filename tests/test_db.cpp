@@ -14,6 +14,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 
 namespace trnflow::testing {
@@ -38,9 +39,10 @@ std::string TestDatabase::NewLogin(const std::string& who) {
   schema::Catalog admin(g_owner_url);
   std::string role = "trnflow_test_" + g_name + "_" + who;
   std::string password = schema::RandomSecret();
-  admin.QueryValue("DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role + " LOGIN PASSWORD '" +
-                   password + "'; COMMENT ON ROLE " + role + " IS 'trnflow catalog test (" +
-                   g_name + "): member'; SELECT 1");
+  schema::testing::QueryValue(admin, "DROP ROLE IF EXISTS " + role + "; CREATE ROLE " + role +
+                                         " LOGIN PASSWORD '" + password + "'; COMMENT ON ROLE " +
+                                         role + " IS 'trnflow catalog test (" + g_name +
+                                         "): member'; SELECT 1");
   return schema::WithLogin(g_url, role, password);
 }
 
@@ -60,11 +62,12 @@ std::string CopyCatalog(const std::string& template_name, const std::string& nam
   std::string url = schema::CreateDatabase(AdminUrl(), name);  // for its URL
   {
     schema::Catalog admin(AdminUrl());
-    admin.RunOutsideTransaction("DROP DATABASE " + name);
+    schema::testing::RunOutsideTransaction(admin, "DROP DATABASE " + name);
     // PostgreSQL copies no database anyone is connected to (an autovacuum worker passing by).
     for (int tries = 0;; ++tries) {
       try {
-        admin.RunOutsideTransaction("CREATE DATABASE " + name + " TEMPLATE " + template_name);
+        schema::testing::RunOutsideTransaction(
+            admin, "CREATE DATABASE " + name + " TEMPLATE " + template_name);
         break;
       } catch (const std::exception& e) {
         if (tries >= 100 || !std::strstr(e.what(), "is being accessed by other users")) throw;
@@ -72,7 +75,10 @@ std::string CopyCatalog(const std::string& template_name, const std::string& nam
       }
     }
   }
-  schema::Catalog(url).RunOutsideTransaction(make_own);  // one DO block: one transaction
+  {
+    schema::Catalog own(url);
+    schema::testing::RunOutsideTransaction(own, make_own);  // one DO block: one transaction
+  }
   return url;
 }
 
@@ -90,8 +96,9 @@ void MakeCatalogTemplate(const std::string& name) {
   }
   // Nobody connects to it again: PostgreSQL copies only a database nobody is connected to, and
   // autovacuum leaves one that refuses connections alone.
-  schema::Catalog(AdminUrl()).RunOutsideTransaction("ALTER DATABASE " + name +
-                                                    " WITH ALLOW_CONNECTIONS false");
+  schema::Catalog admin(AdminUrl());
+  schema::testing::RunOutsideTransaction(
+      admin, "ALTER DATABASE " + name + " WITH ALLOW_CONNECTIONS false");
 }
 
 void DropCatalog(const std::string& name) {
@@ -127,7 +134,7 @@ void TestDatabase::TearDown() {
 
 std::string Query(const std::string& sql) {
   schema::Catalog c(TestDatabase::owner_url());
-  return c.QueryValue(sql);
+  return schema::testing::QueryValue(c, sql);
 }
 
 double QueryNumber(const std::string& sql) {

@@ -11,7 +11,7 @@
 
 #include "common/money.h"
 #include "schema/attempt_end.h"
-#include "schema/catalog.h"
+#include "schema/catalog_rows.h"
 #include "workers/executor.h"
 
 namespace trnflow::workers {

@@ -120,8 +120,8 @@ void Worker::Impl::Execute(Pool& pool, const std::shared_ptr<Running>& run) {
   };
   ctx.record_executor_job = [this, &c](const std::string& job) {
     try {
-      schema::Catalog cat(opt.database_url);
-      if (!cat.RecordExecutorJob(c.stage_id, c.attempt, id, job))
+      auto cat = schema::OpenWorkerCatalog(opt.database_url);
+      if (!cat->RecordExecutorJob(c.stage_id, c.attempt, id, job))
         log->warn("stage={} attempt={}: job {} not recorded: the lease is gone", c.stage_id,
                   c.attempt, job);
     } catch (const std::exception& e) {

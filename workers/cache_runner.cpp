@@ -37,7 +37,7 @@ struct CacheRunner::CacheWork {
 // ready; a builder that died is taken over; an entry that fails verification is never
 // served but rebuilt; with poison_failures, a user error is remembered for the key and
 // returned at once, unless the run retries failed compilations.
-ExecResult CacheRunner::RunSingleFlight(schema::Catalog& cat, const ExecContext& ctx,
+ExecResult CacheRunner::RunSingleFlight(schema::WorkerCatalog& cat, const ExecContext& ctx,
                                         const schema::ClaimedStage& c, const CacheWork& w) {
   if (!w.trusted.empty()) {
     auto own = cat.GetArtifact(w.key);
@@ -124,7 +124,7 @@ bool CacheRunner::Servable(const schema::ArtifactRow& a) {
 }
 
 // The hit, or nullopt when the entry could not be handed over (restore refused it).
-std::optional<ExecResult> CacheRunner::Serve(schema::Catalog& cat, const std::string& key,
+std::optional<ExecResult> CacheRunner::Serve(schema::WorkerCatalog& cat, const std::string& key,
                                              const schema::ArtifactRow& a, const CacheWork& w,
                                              const std::string& note) {
   ExecResult r;
@@ -176,8 +176,8 @@ ExecResult CacheRunner::RunCachedCompile(const ExecContext& ctx, const schema::C
     }
     return std::make_pair(er, a);
   };
-  schema::Catalog cat(database_url_);
-  return RunSingleFlight(cat, ctx, c, w);
+  auto cat = schema::OpenWorkerCatalog(database_url_);
+  return RunSingleFlight(*cat, ctx, c, w);
 }
 
 // Any other stage with cache: true: keyed when it runs, over its kind, parameters and the
@@ -187,15 +187,15 @@ ExecResult CacheRunner::RunCachedStage(
     const ExecContext& ctx, const schema::ClaimedStage& c,
     const std::function<ExecResult(const ExecContext&)>& run_stage) {
   CacheWork w;
-  schema::Catalog cat(database_url_);  // one session for the key and the single flight
-  auto consumed = cat.StageInputDigests(c.stage_id);
+  auto cat = schema::OpenWorkerCatalog(database_url_);  // one session: the key, the flight
+  auto consumed = cat->StageInputDigests(c.stage_id);
   w.inputs = StageCacheInputs(c.spec, consumed, ctx.workdir, c.run_id, c.project);
   w.key = Sha256Hex(w.inputs);
   w.project = c.project;
-  for (const auto& q : cat.TrustedProjects(c.project))
+  for (const auto& q : cat->TrustedProjects(c.project))
     w.trusted.emplace_back(
         q, Sha256Hex(StageCacheInputs(c.spec, consumed, ctx.workdir, c.run_id, q)));
-  cat.RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
+  cat->RecordStageCacheInputs(c.stage_id, c.attempt, w.inputs);
   w.what = "outputs";
   std::vector<std::string> outputs = c.spec.command.outputs.value_or(std::vector<std::string>{});
   w.build = [&] {
@@ -226,7 +226,7 @@ ExecResult CacheRunner::RunCachedStage(
       RestoreOutputs(a.path, ctx.run_dir);
       r.message += " (restored into the run's directory)";
     };
-  return RunSingleFlight(cat, ctx, c, w);
+  return RunSingleFlight(*cat, ctx, c, w);
 }
 
 }  // namespace trnflow::workers

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/log.h"
-#include "schema/catalog.h"
+#include "schema/worker_catalog.h"
 #include "workers/artifact_store.h"
 #include "workers/executor.h"
 
@@ -44,10 +44,10 @@ class CacheRunner {
 
  private:
   struct CacheWork;
-  ExecResult RunSingleFlight(schema::Catalog& cat, const ExecContext& ctx,
+  ExecResult RunSingleFlight(schema::WorkerCatalog& cat, const ExecContext& ctx,
                              const schema::ClaimedStage& c, const CacheWork& w);
   bool Servable(const schema::ArtifactRow& a);
-  std::optional<ExecResult> Serve(schema::Catalog& cat, const std::string& key,
+  std::optional<ExecResult> Serve(schema::WorkerCatalog& cat, const std::string& key,
                                   const schema::ArtifactRow& a, const CacheWork& w,
                                   const std::string& note);
 

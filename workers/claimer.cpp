@@ -26,7 +26,7 @@ namespace trnflow::workers {
 // several idle workers is shared between them instead of taken whole by the first to ask.
 // (The committer's claim is not limited: a worker keeps the dependents it releases.)
 void Worker::Impl::ClaimLoop() {
-  std::unique_ptr<schema::Catalog> cat;
+  std::unique_ptr<schema::WorkerCatalog> cat;
   const auto gather = std::chrono::milliseconds(3);
   std::vector<Steady::time_point> last_claim(pools.size(), Steady::now());
   while (claiming) {
@@ -44,7 +44,7 @@ void Worker::Impl::ClaimLoop() {
       int reserved = pool->ReserveFree();
       if (reserved <= 0) continue;
       std::vector<schema::ClaimedStage> claimed;
-      if (!WithCatalog(cat, "claim", [&](schema::Catalog& c) {
+      if (!WithCatalog(cat, "claim", [&](schema::WorkerCatalog& c) {
             claimed = c.ClaimReadyStages(pool->config.name, reserved, id, name, opt.lease_s,
                                          opt.only_run, std::max(1, pool->config.capacity / 4));
           })) {
@@ -69,8 +69,8 @@ void Worker::Impl::ClaimLoop() {
 
 // Runs what a claim took (its instances already counted in the pool's `used`): budgeted
 // stages get their spend caps first; one that must wait for its budget is handed back.
-void Worker::Impl::RunClaimed(std::unique_ptr<schema::Catalog>& cat, Pool& pool,
-                std::vector<schema::ClaimedStage>& claimed) {
+void Worker::Impl::RunClaimed(std::unique_ptr<schema::WorkerCatalog>& cat, Pool& pool,
+                              std::vector<schema::ClaimedStage>& claimed) {
   ReserveBudgets(cat, claimed);
   for (auto& c : claimed) {
     if (c.budget_wait || !claiming) {
@@ -108,8 +108,8 @@ std::optional<Money> Worker::Impl::ExpectedCost(const schema::ClaimedStage& c) {
 // budgets after other open attempts' reservations. An attempt whose cap does not cover one
 // billing minute waits (handed back) while others hold the rest; when nobody does, the budget
 // is spent and it ends at once as budget_exceeded, with nothing billed.
-void Worker::Impl::ReserveBudgets(std::unique_ptr<schema::Catalog>& cat,
-                    std::vector<schema::ClaimedStage>& claimed) {
+void Worker::Impl::ReserveBudgets(std::unique_ptr<schema::WorkerCatalog>& cat,
+                                  std::vector<schema::ClaimedStage>& claimed) {
   std::vector<schema::ClaimedStage> budgeted;
   std::vector<std::optional<Money>> expected;
   for (const auto& c : claimed)
@@ -121,7 +121,7 @@ void Worker::Impl::ReserveBudgets(std::unique_ptr<schema::Catalog>& cat,
   std::vector<schema::BudgetReservation> caps;
   WithCatalog(
       cat, "reserve budgets",
-      [&](schema::Catalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
+      [&](schema::WorkerCatalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
       /*give_up_on_stop=*/false);
   std::map<int64_t, std::optional<Money>> expected_of;
   for (size_t i = 0; i < budgeted.size(); ++i) expected_of[budgeted[i].stage_id] = expected[i];
@@ -162,9 +162,9 @@ void Worker::Impl::HandBack(const schema::ClaimedStage& c, const std::string& wh
 }
 
 void Worker::Impl::ListenLoop() {
-  std::unique_ptr<schema::Catalog> cat;
+  std::unique_ptr<schema::WorkerCatalog> cat;
   while (claiming) {
-    bool ok = WithCatalog(cat, "listen", [&](schema::Catalog& c) {
+    bool ok = WithCatalog(cat, "listen", [&](schema::WorkerCatalog& c) {
       if (!c.IsListening()) {
         c.ListenForReadyStages();
         WakeClaim();  // anything announced while we were not listening

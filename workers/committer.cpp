@@ -10,7 +10,7 @@
 namespace trnflow::workers {
 
 void Worker::Impl::CommitLoop() {
-  std::unique_ptr<schema::Catalog> cat;
+  std::unique_ptr<schema::WorkerCatalog> cat;
   while (true) {
     std::vector<schema::AttemptResult> batch;
     {
@@ -34,7 +34,7 @@ void Worker::Impl::CommitLoop() {
     }
     // The same transaction claims what is ready for the pools' free instances, the stages
     // this batch releases among them: a chain's next link starts without another round trip.
-    std::vector<schema::Catalog::ClaimRequest> requests;
+    std::vector<schema::WorkerCatalog::ClaimRequest> requests;
     std::vector<std::pair<Pool*, int>> reserved;
     if (claiming)
       for (auto& p : pools)
@@ -44,10 +44,10 @@ void Worker::Impl::CommitLoop() {
         }
     // A retry after a lost reply is harmless: writes are fenced on the lease (a claim whose
     // reply was lost expires and is rescued, as any claim's).
-    schema::Catalog::Committed done;
+    schema::WorkerCatalog::Committed done;
     WithCatalog(
         cat, "commit",
-        [&](schema::Catalog& c) {
+        [&](schema::WorkerCatalog& c) {
           done = c.CompleteAndClaim(batch, requests, id, name, opt.lease_s, opt.only_run);
           if (done.applied.size() < batch.size())
             log->warn("{} of {} results were stale (lease taken over) and were dropped",

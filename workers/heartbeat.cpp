@@ -14,7 +14,7 @@
 namespace trnflow::workers {
 
 void Worker::Impl::HeartbeatLoop() {
-  std::unique_ptr<schema::Catalog> cat;
+  std::unique_ptr<schema::WorkerCatalog> cat;
   while (!stopping) {
     // Only stages that were running before the query can be judged by its answer.
     std::vector<std::pair<int64_t, std::shared_ptr<Running>>> before;
@@ -33,7 +33,7 @@ void Worker::Impl::HeartbeatLoop() {
       metrics.push_back({r->claim.run_id, sid, "metrics", "neuron-monitor", r->metrics});
       r->metrics_dirty = false;
     }
-    bool ok = WithCatalog(cat, "heartbeat", [&](schema::Catalog& c) {
+    bool ok = WithCatalog(cat, "heartbeat", [&](schema::WorkerCatalog& c) {
       held = c.HeartbeatLeases(id, opt.lease_s, reports);
       c.InsertEvents(metrics);
     });

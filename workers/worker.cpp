@@ -103,8 +103,8 @@ void Worker::Start() {
   w.log->info("{}", CgroupHost::ForThisProcess().Describe());
   nlohmann::json pools = nlohmann::json::object();
   for (const auto& p : w.opt.pools) pools[p.name] = p.capacity;
-  std::unique_ptr<schema::Catalog> cat;
-  w.WithCatalog(cat, "register", [&](schema::Catalog& c) {
+  std::unique_ptr<schema::WorkerCatalog> cat;
+  w.WithCatalog(cat, "register", [&](schema::WorkerCatalog& c) {
     c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump(),
                      w.opt.only_run, std::filesystem::absolute(w.opt.home).string(),
                      w.opt.lease_s);
@@ -148,9 +148,9 @@ void Worker::Stop() {
   w.heartbeat_thread.join();
   w.lock_guard.reset();
   for (auto& p : w.pools) p->arena->terminate();
-  std::unique_ptr<schema::Catalog> cat;
+  std::unique_ptr<schema::WorkerCatalog> cat;
   try {
-    cat = std::make_unique<schema::Catalog>(w.opt.database_url);
+    cat = schema::OpenWorkerCatalog(w.opt.database_url);
     cat->StopWorker(w.id);
   } catch (const std::exception& e) {
     w.log->warn("could not record the stop: {}", e.what());

@@ -25,8 +25,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "schema/catalog.h"
 #include "schema/member_lock_guard.h"
+#include "schema/worker_catalog.h"
 #include "workers/cache_runner.h"
 #include "workers/executor.h"
 #include "workers/worker.h"
@@ -95,12 +95,12 @@ struct Worker::Impl {
   // Runs `body` with this thread's catalog, re-opening the connection with backoff until it
   // works or the worker stops. Returns false if it gave up because the worker is stopping.
   template <typename F>
-  bool WithCatalog(std::unique_ptr<schema::Catalog>& c, const char* what, F&& body,
+  bool WithCatalog(std::unique_ptr<schema::WorkerCatalog>& c, const char* what, F&& body,
                    bool give_up_on_stop = true) {
     double backoff = 0.1;
     while (true) {
       try {
-        if (!c) c = std::make_unique<schema::Catalog>(opt.database_url);
+        if (!c) c = schema::OpenWorkerCatalog(opt.database_url);
         body(*c);
         return true;
       } catch (const CatalogUnavailable& e) {
@@ -139,10 +139,10 @@ struct Worker::Impl {
   // claimer.cpp
   void ClaimLoop();
   void ListenLoop();
-  void RunClaimed(std::unique_ptr<schema::Catalog>& cat, Pool& pool,
+  void RunClaimed(std::unique_ptr<schema::WorkerCatalog>& cat, Pool& pool,
                   std::vector<schema::ClaimedStage>& claimed);
   static std::optional<Money> ExpectedCost(const schema::ClaimedStage& c);
-  void ReserveBudgets(std::unique_ptr<schema::Catalog>& cat,
+  void ReserveBudgets(std::unique_ptr<schema::WorkerCatalog>& cat,
                       std::vector<schema::ClaimedStage>& claimed);
   void HandBack(const schema::ClaimedStage& c, const std::string& why);
 

@@ -13,10 +13,6 @@ ORDER BY p.name;
 -- Whether role $1 may submit, cancel, retry and resume in project $2 (its writer role).
 SELECT trnflow.has_role($1, trnflow.project_writer_role($2));
 
--- name: VisibleProjects
--- The projects the current role sees (row-level security decides).
-SELECT name FROM trnflow.projects ORDER BY name;
-
 -- name: ActAs
 -- Session-level: the connection acts as role $1 until ActAs('none') resets it.
 SELECT set_config('role', $1, false);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -159,7 +160,8 @@ stages:
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
   schema::Catalog c(TestDatabase::url());
-  std::string seconds = c.QueryValue(
+  std::string seconds = schema::testing::QueryValue(
+      c,
       "SELECT string_agg(a.sim_seconds::text, ',' ORDER BY a.sim_seconds) FROM trnflow.attempts a "
       "JOIN trnflow.stages s ON s.id = a.stage_id JOIN trnflow.runs r ON r.id = a.run_id "
       "WHERE r.project = 'history' AND s.name = 'score' AND a.outcome = 'succeeded'");
@@ -240,7 +242,7 @@ stages:
     return std::string(b);
   };
   schema::Catalog c(TestDatabase::url());
-  auto runs = [&] { return c.QueryValue("SELECT count(*) FROM trnflow.runs"); };
+  auto runs = [&] { return schema::testing::QueryValue(c, "SELECT count(*) FROM trnflow.runs"); };
 
   // Exactly the plan's total left: admitted.
   ASSERT_EQ(RunTrnflow("budget set admit " + usd(spent + total) + " --period total").exit_code, 0);

@@ -13,6 +13,7 @@
 
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -115,18 +116,24 @@ TEST(ScheduleSnapshots, TheSnapshotFiresEditsAreShownAndUpdateTakesThem) {
 
   // A slot fires (as the leading scheduler fires it): the run is the snapshot's, not the file's.
   schema::Catalog c(TestDatabase::url());
-  c.QueryValue(
+  schema::testing::QueryValue(
+      c,
       "UPDATE trnflow.schedules SET last_slot = now() - interval '2 days' WHERE name = 'nightly' "
       "RETURNING 1");
   ASSERT_EQ(scheduler::FireDueSchedules(c, std::chrono::system_clock::now()), 1);
-  std::string run = c.QueryValue(
-      "SELECT run_id FROM trnflow.schedule_fires WHERE schedule = 'nightly' AND run_id IS NOT NULL");
+  std::string run = schema::testing::QueryValue(c,
+                                                "SELECT run_id FROM trnflow.schedule_fires WHERE "
+                                                "schedule = 'nightly' AND run_id IS NOT NULL");
   ASSERT_FALSE(run.empty());
-  EXPECT_EQ(c.QueryValue("SELECT p.source FROM trnflow.runs r JOIN trnflow.pipelines p ON "
-                         "p.id = r.pipeline_id WHERE r.id = " +
-                         run),
-            kV1);
-  EXPECT_EQ(c.QueryValue("SELECT params->>'greeting' FROM trnflow.runs WHERE id = " + run), "hi");
+  EXPECT_EQ(
+      schema::testing::QueryValue(c,
+                                  "SELECT p.source FROM trnflow.runs r JOIN trnflow.pipelines p ON "
+                                  "p.id = r.pipeline_id WHERE r.id = " +
+                                      run),
+      kV1);
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT params->>'greeting' FROM trnflow.runs WHERE id = " + run),
+            "hi");
   s = Show("nightly");
   ASSERT_FALSE(s["last_fire"].is_null());
   EXPECT_EQ(s["last_fire"]["run_id"], run);

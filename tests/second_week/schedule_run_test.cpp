@@ -12,6 +12,7 @@
 
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -36,7 +37,9 @@ stages:
     instance: c6i.xlarge
 )";
 
-std::string Q(schema::Catalog& c, const std::string& sql) { return c.QueryValue(sql); }
+std::string Q(schema::Catalog& c, const std::string& sql) {
+  return schema::testing::QueryValue(c, sql);
+}
 
 TEST(ScheduleRun, FiresTheSnapshotNowAndLeavesTheCronAlone) {
   schema::Catalog c(TestDatabase::url());
@@ -75,8 +78,10 @@ TEST(ScheduleRun, FiresTheSnapshotNowAndLeavesTheCronAlone) {
             "2");
 
   // The cron's missed slots are caught up as if no one had fired it by hand.
-  c.QueryValue("UPDATE trnflow.schedules SET last_slot = now() - interval '3 days' WHERE name = "
-               "'trynow' RETURNING 1");
+  schema::testing::QueryValue(
+      c,
+      "UPDATE trnflow.schedules SET last_slot = now() - interval '3 days' WHERE name = "
+      "'trynow' RETURNING 1");
   EXPECT_EQ(scheduler::FireDueSchedules(c, std::chrono::system_clock::now()), 3);
   EXPECT_EQ(Q(c, "SELECT count(*) FROM trnflow.schedule_fires WHERE schedule = 'trynow' AND NOT "
                  "manual AND run_id IS NOT NULL"),

@@ -4,7 +4,6 @@
 // `db migrate` refuses when owner.url and TRNFLOW_DATABASE_URL name different catalogs; and
 // `db drop` drops a catalog's database and only its own roles, so the name can be used again.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 
@@ -183,7 +183,8 @@ TEST(SmallThings, RunOutputSaysEveryInterruptionEvenWhenItLastedLessThanAPoll) {
                            "poll-lab");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   schema::Catalog c(TestDatabase::url());
-  std::string interrupted = c.QueryValue(
+  std::string interrupted = schema::testing::QueryValue(
+      c,
       "SELECT count(*) FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id WHERE "
       "r.project = 'poll-lab' AND a.outcome = 'spot_interruption'");
   ASSERT_NE(interrupted, "0") << "the example is interrupted at its default seed";

@@ -17,6 +17,7 @@
 
 #include "common/sha256.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "workers/artifact_store.h"
@@ -130,8 +131,12 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
   EXPECT_EQ(p.calls(), 2) << "B ran the command itself";
 
   schema::Catalog c(TestDatabase::url());
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"), "1");
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-b'"), "1");
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"),
+            "1");
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-b'"),
+            "1");
 
   // Trust is between projects that exist, and one way.
   CliResult unknown = RunTrnflow("cache trust sec-c sec-a", p.env());
@@ -151,7 +156,9 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
       << c_first.dump();
   EXPECT_EQ(ReadFile(p.home() / "runs" / std::to_string(c1) / "data/out.txt"), "result 42\n")
       << "A's outputs were restored into C's run";
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-c'"), "0");
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-c'"),
+            "0");
 
   ASSERT_EQ(RunTrnflow("cache untrust sec-c sec-a", p.env()).exit_code, 0);
   auto [c2, c_after] = p.Run("sec-c");
@@ -171,12 +178,18 @@ TEST(CacheTenancy, AProjectIsServedOnlyItsOwnEntriesOrThoseOfProjectsItTrusts) {
   };
   auto b = member_of("sec-b");
   auto cm = member_of("sec-c");
-  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project IS NOT NULL"), "1");
-  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"), "0");
-  c.QueryValue("INSERT INTO trnflow.cache_trust (project, trusts) VALUES ('sec-c', 'sec-a')");
-  EXPECT_EQ(b->QueryValue("SELECT count(*) FROM trnflow.cache_trust"), "0");
-  EXPECT_EQ(cm->QueryValue("SELECT count(*) FROM trnflow.cache_trust"), "1");
-  c.QueryValue("DELETE FROM trnflow.cache_trust WHERE project = 'sec-c' RETURNING 1");
+  EXPECT_EQ(schema::testing::QueryValue(
+                *b, "SELECT count(*) FROM trnflow.artifacts WHERE project IS NOT NULL"),
+            "1");
+  EXPECT_EQ(schema::testing::QueryValue(
+                *b, "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-a'"),
+            "0");
+  schema::testing::QueryValue(
+      c, "INSERT INTO trnflow.cache_trust (project, trusts) VALUES ('sec-c', 'sec-a')");
+  EXPECT_EQ(schema::testing::QueryValue(*b, "SELECT count(*) FROM trnflow.cache_trust"), "0");
+  EXPECT_EQ(schema::testing::QueryValue(*cm, "SELECT count(*) FROM trnflow.cache_trust"), "1");
+  schema::testing::QueryValue(
+      c, "DELETE FROM trnflow.cache_trust WHERE project = 'sec-c' RETURNING 1");
 }
 
 // An entry whose files were altered after it was stored is never served: it is rebuilt, and
@@ -187,8 +200,8 @@ TEST(CacheTenancy, APoisonedEntryIsRebuiltNotServed) {
   auto [r1, first] = p.Run("sec-poison");
   ASSERT_EQ(first["state"], "succeeded");
   schema::Catalog c(TestDatabase::url());
-  std::string path =
-      c.QueryValue("SELECT path FROM trnflow.artifacts WHERE project = 'sec-poison'");
+  std::string path = schema::testing::QueryValue(
+      c, "SELECT path FROM trnflow.artifacts WHERE project = 'sec-poison'");
   ASSERT_FALSE(path.empty());
   std::ofstream(fs::path(path) / "outputs/out.txt", std::ios::trunc) << "POISON\n";
   auto [r2, second] = p.Run("sec-poison");
@@ -231,7 +244,9 @@ TEST(CacheLinks, AnOutputLinkingOutOfTheRunDirectoryFailsTheStage) {
       << message;
   EXPECT_FALSE(TreeContains(tmp.path() / "home/artifacts", canary)) << "the secret was stored";
   schema::Catalog c(TestDatabase::url());
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-leak'"), "0");
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.artifacts WHERE project = 'sec-leak'"),
+            "0");
 }
 
 // The same at the store's level, for every way out: a link to an absolute path, a relative
@@ -379,12 +394,13 @@ TEST(CacheRemoval, CacheCommandsLeaveRowsPointingOutsideTheStoreAlone) {
   auto [run, stage] = p.Run("sec-rows");
   ASSERT_EQ(stage["state"], "succeeded");
   schema::Catalog c(TestDatabase::url());
-  std::string key =
-      c.QueryValue("SELECT cache_key FROM trnflow.artifacts WHERE project = 'sec-rows'");
+  std::string key = schema::testing::QueryValue(
+      c, "SELECT cache_key FROM trnflow.artifacts WHERE project = 'sec-rows'");
   ASSERT_EQ(key.size(), 64u);
-  c.QueryValue("UPDATE trnflow.artifacts SET path = '" + canary.string() +
-               "', last_used_at = now() - interval '1 year' WHERE cache_key = '" + key +
-               "' RETURNING 1");
+  schema::testing::QueryValue(
+      c, "UPDATE trnflow.artifacts SET path = '" + canary.string() +
+             "', last_used_at = now() - interval '1 year' WHERE cache_key = '" + key +
+             "' RETURNING 1");
 
   CliResult gc = RunTrnflow("cache gc --older-than 30d", p.env());
   EXPECT_EQ(gc.exit_code, 0) << gc.out << gc.err;
@@ -395,16 +411,18 @@ TEST(CacheRemoval, CacheCommandsLeaveRowsPointingOutsideTheStoreAlone) {
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
   EXPECT_NE(verify.err.find("names a path outside the store"), std::string::npos) << verify.err;
   EXPECT_TRUE(fs::exists(canary / "outputs/keep"));
-  EXPECT_EQ(c.QueryValue("SELECT count(*) FROM trnflow.artifacts WHERE cache_key = '" + key + "'"),
+  EXPECT_EQ(schema::testing::QueryValue(
+                c, "SELECT count(*) FROM trnflow.artifacts WHERE cache_key = '" + key + "'"),
             "0")
       << "verify drops the row";
 
   for (const std::string& path :
        {canary.string(), (p.home() / "artifacts/../../canary").string(), std::string("/etc")}) {
-    c.QueryValue(
+    schema::testing::QueryValue(
+        c,
         "INSERT INTO trnflow.artifacts (cache_key, state, digest, bytes, path, project) VALUES "
         "('" +
-        key + "', 'ready', 'd', 10, '" + path + "', 'sec-rows') RETURNING 1");
+            key + "', 'ready', 'd', 10, '" + path + "', 'sec-rows') RETURNING 1");
     CliResult rm = RunTrnflow("cache rm " + key.substr(0, 12), p.env());
     EXPECT_EQ(rm.exit_code, 2) << rm.out << rm.err;
     EXPECT_NE(rm.err.find("outside the store"), std::string::npos) << rm.err;

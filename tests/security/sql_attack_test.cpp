@@ -20,6 +20,7 @@
 #include "pipelines/pipeline.h"
 #include "scheduler/scheduler.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "sim/catalog.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
@@ -407,15 +408,16 @@ TEST_F(SqlAttacks, TheDaemonsLoginCannotWriteANegativeOrHugeCost) {
         ", 77, '00000000-0000-0000-0000-000000000077', 'forged', 'c6i.large', 1, 'on-demand', "
         "0.085, now(), 60, 60, 'succeeded', " +
         cost + ") RETURNING id";
-    EXPECT_ANY_THROW(daemon.QueryValue(sql)) << "cost " << cost;
+    EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, sql)) << "cost " << cost;
   }
-  EXPECT_ANY_THROW(daemon.QueryValue(
+  EXPECT_ANY_THROW(schema::testing::QueryValue(
+      daemon,
       "INSERT INTO trnflow.attempts (stage_id, run_id, attempt, worker_id, worker_name, "
       "instance_type, instance_count, market, price_usd_hour, finished_at, sim_seconds, "
       "billed_seconds, outcome, cost_usd) VALUES (" +
-      stage + ", " + std::to_string(run) +
-      ", 78, '00000000-0000-0000-0000-000000000078', 'forged', 'c6i.large', 1, 'on-demand', "
-      "0.085, now(), -3600, 60, 'succeeded', 0) RETURNING id"))
+          stage + ", " + std::to_string(run) +
+          ", 78, '00000000-0000-0000-0000-000000000078', 'forged', 'c6i.large', 1, 'on-demand', "
+          "0.085, now(), -3600, 60, 'succeeded', 0) RETURNING id"))
       << "negative simulated seconds";
   EXPECT_EQ(Query("SELECT count(*) FROM trnflow.attempts"), before);
   daemon.CancelRun(run);
@@ -539,7 +541,7 @@ void SqlAttacks::MembersIdleTransactionDoesNotStallAWorkersCommit(
   std::thread commit([&] {
     try {
       schema::Catalog worker(TestDatabase::url());
-      worker.CompleteAttempts(results);
+      schema::testing::CompleteAttempts(worker, results);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "the worker's commit failed: " << e.what();
     }
@@ -625,8 +627,9 @@ TEST_F(SqlAttacks, TwoCatalogsOnOneServerShareNoProjectAndNoUid) {
   std::string seen;
   try {
     schema::Catalog d(here_daemon_there);
-    seen = d.QueryValue("SET ROLE " + Member("alice2") +
-                        "; SELECT count(*) FROM trnflow.runs WHERE project = 'secret'");
+    seen = schema::testing::QueryValue(
+        d, "SET ROLE " + Member("alice2") +
+               "; SELECT count(*) FROM trnflow.runs WHERE project = 'secret'");
   } catch (const std::exception& e) {
     seen = std::string("refused: ") + e.what();
   }
@@ -646,8 +649,9 @@ TEST_F(SqlAttacks, TwoCatalogsOnOneServerShareNoProjectAndNoUid) {
   EXPECT_EQ(two.JobUidRange(), theirs);
   // Every project's uid lies in its catalog's range; one outside is refused.
   auto outside = [&](schema::Catalog& c, const std::string& r) {
-    return c.QueryValue("SELECT count(*) FROM trnflow.projects WHERE job_uid NOT BETWEEN " +
-                        std::to_string(lo(r)) + " AND " + std::to_string(hi(r)));
+    return schema::testing::QueryValue(
+        c, "SELECT count(*) FROM trnflow.projects WHERE job_uid NOT BETWEEN " +
+               std::to_string(lo(r)) + " AND " + std::to_string(hi(r)));
   };
   EXPECT_EQ(outside(here_owner, mine), "0");
   EXPECT_EQ(outside(two, theirs), "0");

@@ -17,6 +17,7 @@
 #include "common/sha256.h"
 #include "pipelines/pipeline.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "tests/run_cli.h"
 #include "tests/test_db.h"
 #include "tests/test_engine.h"
@@ -35,7 +36,8 @@ const std::string& Db() { return TestDatabase::database_name(); }
 // Every closed and open ledger row, as one digest.
 std::string LedgerChecksum() {
   schema::Catalog owner(TestDatabase::owner_url());
-  return owner.QueryValue(
+  return schema::testing::QueryValue(
+      owner,
       "SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY id), '')) FROM trnflow.attempts a");
 }
 
@@ -88,11 +90,11 @@ TEST_F(Tenants, AMemberCannotWriteTheLedgerOrTakeTheServicesLocks) {
            "SELECT trnflow.grant_project('ten-b', current_user, true)",
            "SELECT trnflow.release_dependents('{1}')",
        })
-    EXPECT_THROW(alice.QueryValue(sql), PermissionDenied) << sql;
+    EXPECT_THROW(schema::testing::QueryValue(alice, sql), PermissionDenied) << sql;
   EXPECT_EQ(LedgerChecksum(), before) << "a member changed the ledger";
 
   // An advisory lock on the old leadership key is open to anyone, and now means nothing.
-  alice.QueryValue("SELECT pg_advisory_lock(" + std::to_string(0x74726e02) + ")");
+  schema::testing::QueryValue(alice, "SELECT pg_advisory_lock(" + std::to_string(0x74726e02) + ")");
   schema::Catalog daemon(TestDatabase::url());
   EXPECT_TRUE(daemon.TryAcquireLeadership()) << "a member's lock held the scheduler back";
 }
@@ -100,13 +102,15 @@ TEST_F(Tenants, AMemberCannotWriteTheLedgerOrTakeTheServicesLocks) {
 TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   std::string before = LedgerChecksum();
   schema::Catalog alice(alice_url_);
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.runs WHERE project = 'ten-b'"), "0");
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.schedules"), "0")
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT count(*) FROM trnflow.runs WHERE project = 'ten-b'"),
+            "0");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.schedules"), "0")
       << "another project's schedule (and its pipeline source) is visible";
-  EXPECT_EQ(
-      alice.QueryValue("SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
-      "0");
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.schedule_fires"), "0");
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT count(*) FROM trnflow.pipelines WHERE source LIKE '%private%'"),
+            "0");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.schedule_fires"), "0");
   // Submit, cancel, retry and resume in another project: refused in SQL, whatever the CLI says.
   auto p = testing::MustParse(kTiny);
   schema::SubmitOptions o = testing::FastSubmit();
@@ -119,9 +123,9 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
   // In its own project it submits and cancels, under its own name.
   o.project = "ten-a";
   int64_t mine = alice.SubmitRun(p, o);
-  EXPECT_EQ(
-      alice.QueryValue("SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
-      "trnflow_test_" + Db() + "_alice");
+  EXPECT_EQ(schema::testing::QueryValue(
+                alice, "SELECT submitted_by FROM trnflow.runs WHERE id = " + std::to_string(mine)),
+            "trnflow_test_" + Db() + "_alice");
   EXPECT_TRUE(alice.CancelRun(mine).cancelled);
   EXPECT_THROW(alice.CancelRun(mine, Outcome::kBudgetExceeded), PermissionDenied)
       << "only the daemons stop a run for its budget";
@@ -135,19 +139,19 @@ TEST_F(Tenants, AMemberSeesAndActsOnlyInItsOwnProjects) {
       << submit.err;
   CliResult cancel = RunTrnflow("cancel " + std::to_string(b_run_), as_alice);
   EXPECT_NE(cancel.exit_code, 0);
-  std::string runs_before = alice.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string runs_before = schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.runs");
   CliResult run = RunTrnflow("run " + file + " --project ten-a", as_alice);
   EXPECT_EQ(run.exit_code, 4) << run.out << run.err;
   EXPECT_NE(run.err.find("daemons' login"), std::string::npos) << run.err;
-  EXPECT_EQ(alice.QueryValue("SELECT count(*) FROM trnflow.runs"), runs_before)
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SELECT count(*) FROM trnflow.runs"), runs_before)
       << "a refused `trnflow run` submitted anyway";
   EXPECT_EQ(LedgerChecksum(), before);
 }
 
 TEST_F(Tenants, AMemberCannotExhaustConnectionsOrHoldLocksForever) {
   schema::Catalog alice(alice_url_);
-  EXPECT_EQ(alice.QueryValue("SHOW statement_timeout"), "1min");
-  EXPECT_EQ(alice.QueryValue("SHOW idle_in_transaction_session_timeout"), "1min");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SHOW statement_timeout"), "1min");
+  EXPECT_EQ(schema::testing::QueryValue(alice, "SHOW idle_in_transaction_session_timeout"), "1min");
   std::vector<std::unique_ptr<schema::Catalog>> held;
   held.push_back(nullptr);  // `alice` is the first of its 16
   bool refused = false;
@@ -163,7 +167,7 @@ TEST_F(Tenants, AMemberCannotExhaustConnectionsOrHoldLocksForever) {
   EXPECT_EQ(held.size(), 16u) << "a member's connection limit";
   // The daemons still connect.
   schema::Catalog daemon(TestDatabase::url());
-  EXPECT_EQ(daemon.QueryValue("SELECT 1"), "1");
+  EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT 1"), "1");
 }
 
 TEST_F(Tenants, TheDaemonsLoginCannotRewriteTheLedgerOrChangeTheSchema) {
@@ -181,7 +185,7 @@ TEST_F(Tenants, TheDaemonsLoginCannotRewriteTheLedgerOrChangeTheSchema) {
            "COPY (SELECT 1) TO PROGRAM 'id'",
            "DELETE FROM trnflow.spend_rollup RETURNING 1",
        })
-    EXPECT_ANY_THROW(daemon.QueryValue(sql)) << sql;
+    EXPECT_ANY_THROW(schema::testing::QueryValue(daemon, sql)) << sql;
   EXPECT_EQ(LedgerChecksum(), before);
 }
 
@@ -191,7 +195,7 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
       "pipeline: sweep\nproject: ten-q\nstages:\n  s:\n    run: [\"true\"]\n"
       "    matrix: {i: [1, 2, 3, 4, 5, 6]}\n";
   schema::Catalog daemon(TestDatabase::url());
-  std::string runs = daemon.QueryValue("SELECT count(*) FROM trnflow.runs");
+  std::string runs = schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs");
   // The parser counts the stages before it expands the matrix and refuses past the quota, at
   // the file's place, as `validate` and `plan` do (docs/cli.md#exit-codes: 2).
   std::string file = WriteTempFile("sweep.yaml", y);
@@ -225,13 +229,16 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(daemon.QueryValue("SELECT count(*) FROM trnflow.runs"), runs) << "nothing written";
+  EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs"), runs)
+      << "nothing written";
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed 1e300").exit_code, 2);
   EXPECT_EQ(RunTrnflow("run examples/climate/pipeline.yaml --speed nan").exit_code, 2);
   EXPECT_EQ(RunTrnflow("submit examples/climate/pipeline.yaml --speed 1e307").exit_code, 2);
-  EXPECT_EQ(daemon.QueryValue("SELECT count(*) FROM trnflow.runs"), runs);
-  EXPECT_ANY_THROW(daemon.QueryValue("UPDATE trnflow.runs SET speed = 'NaN' RETURNING 1"));
-  EXPECT_ANY_THROW(daemon.QueryValue("UPDATE trnflow.runs SET speed = 1e307 RETURNING 1"));
+  EXPECT_EQ(schema::testing::QueryValue(daemon, "SELECT count(*) FROM trnflow.runs"), runs);
+  EXPECT_ANY_THROW(
+      schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 'NaN' RETURNING 1"));
+  EXPECT_ANY_THROW(
+      schema::testing::QueryValue(daemon, "UPDATE trnflow.runs SET speed = 1e307 RETURNING 1"));
 }
 
 // While one project has 20,000 stages ready in a pool, another's single stage is in the very
@@ -272,9 +279,10 @@ TEST_F(Tenants, ClaimsShareAPoolBetweenProjects) {
 TEST_F(Tenants, AJobFindsNoWayIntoTheCatalog) {
   std::string dir = testing::JobVisibleDir("attack");
   schema::Catalog daemon(TestDatabase::url());
-  std::string roles = "postgres trnflow " + daemon.QueryValue("SELECT trnflow.daemon_role()") +
-                      " " + daemon.QueryValue("SELECT trnflow.reader_role()") + " trnflow_test_" +
-                      Db() + "_alice root nobody";
+  std::string roles = "postgres trnflow " +
+                      schema::testing::QueryValue(daemon, "SELECT trnflow.daemon_role()") + " " +
+                      schema::testing::QueryValue(daemon, "SELECT trnflow.reader_role()") +
+                      " trnflow_test_" + Db() + "_alice root nobody";
   std::ofstream(dir + "/attack.sh")
       << "blocked=0; leaks=0\n"
          "try() { if eval \"$1\" >/dev/null 2>&1; then echo \"LEAK: $2\"; leaks=$((leaks+1)); "
@@ -337,8 +345,8 @@ TEST_F(Tenants, SecretsReachTheJobAndNothingElse) {
   EXPECT_EQ(logs.out.find(value), std::string::npos) << "the secret is in the log";
   schema::Catalog owner(TestDatabase::owner_url());
   for (const std::string table : {"pipelines", "stages", "attempts", "events", "runs"})
-    EXPECT_EQ(owner.QueryValue("SELECT count(*) FROM trnflow." + table +
-                               " t WHERE t::text LIKE '%" + value + "%'"),
+    EXPECT_EQ(schema::testing::QueryValue(owner, "SELECT count(*) FROM trnflow." + table +
+                                                     " t WHERE t::text LIKE '%" + value + "%'"),
               "0")
         << table;
   // Another project names the same secret: it is not its to have.
@@ -381,10 +389,12 @@ TEST_P(Runaway, StopsAtTheBudget) {
   EXPECT_EQ(schema::ToSql(attempts[0].outcome), "budget_exceeded") << attempts[0].message;
   Money limit, price;
   ASSERT_TRUE(Money::Parse(budget, &limit));
-  ASSERT_TRUE(Money::Parse(daemon.QueryValue("SELECT price_usd_hour FROM trnflow.attempts WHERE "
-                                             "run_id = " +
-                                             std::to_string(run)),
-                           &price));
+  ASSERT_TRUE(
+      Money::Parse(schema::testing::QueryValue(daemon,
+                                               "SELECT price_usd_hour FROM trnflow.attempts WHERE "
+                                               "run_id = " +
+                                                   std::to_string(run)),
+                   &price));
   Money minute = Charge(price, 1, 60);
   EXPECT_LE(got->cost, limit + minute) << "spent past the budget";
   EXPECT_GE(got->cost + minute, limit) << "stopped long before the budget was spent";
@@ -414,8 +424,9 @@ TEST(Runaway, ParallelCommandsThatIgnoreSigtermStayInsideTheBudget) {
   for (const auto& a : attempts) EXPECT_EQ(schema::ToSql(a.outcome), "timeout") << a.message;
   Money price;
   ASSERT_TRUE(Money::Parse(
-      daemon.QueryValue("SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " +
-                        std::to_string(run)),
+      schema::testing::QueryValue(
+          daemon,
+          "SELECT max(price_usd_hour) FROM trnflow.attempts WHERE run_id = " + std::to_string(run)),
       &price));
   Money limit;
   ASSERT_TRUE(Money::Parse("50", &limit));

@@ -3,10 +3,10 @@
 // daemon, `trnflow serve` (one with no login on loopback, one behind a "proxy" header),
 // headless chromium, promtool and a Prometheus server. Screenshots are kept under
 // build/test-artifacts/serve/.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,8 +20,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -29,6 +29,7 @@
 
 #include "common/error.h"
 #include "schema/catalog.h"
+#include "schema/catalog_testing.h"
 #include "serve/metrics.h"
 #include "serve/server.h"
 #include "tests/daemon.h"
@@ -691,7 +692,10 @@ TEST_F(Serve, MetricsFromCountersEqualTheLedger) {
     EXPECT_TRUE(ledger.count(key)) << key.first << key.second << " is not in the ledger's";
 
   // A bulk-loaded ledger (triggers off, then RebuildSpendRollup as the owner) counts the same.
-  schema::Catalog(TestDatabase::owner_url()).RebuildSpendRollup();
+  {
+    schema::Catalog owner(TestDatabase::owner_url());
+    schema::testing::RebuildSpendRollup(owner);
+  }
   std::map<Key, double> rebuilt;
   for (const auto& r : catalog.Metrics()) rebuilt[{r.name, r.labels_json}] = r.value;
   for (const auto& [key, value] : counters) {
@@ -1328,7 +1332,7 @@ TEST_F(Serve, AMemberSeesOnlyItsOwnProject) {
   // What psql shows alice is what the dashboard shows her.
   {
     schema::Catalog as_alice(alice_url_);
-    EXPECT_EQ(as_alice.QueryValue("SELECT count(*) FROM trnflow.runs"), "1");
+    EXPECT_EQ(schema::testing::QueryValue(as_alice, "SELECT count(*) FROM trnflow.runs"), "1");
   }
   EXPECT_EQ(Get(proxy_port_, "/api/runs/" + std::to_string(climate_run_), alice).status, 404);
   EXPECT_EQ(Get(proxy_port_, "/api/runs/" + std::to_string(other_run_), alice).status, 200);
