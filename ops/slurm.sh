@@ -8,6 +8,9 @@
 #   ops/slurm.sh up      start it (or find it running); prints the line to use it:
 #                          export SLURM_CONF=/var/tmp/trnflow-slurm/slurm.conf
 #   ops/slurm.sh down    stop it (state, accounting database and logs stay in the directory)
+#   ops/slurm.sh kill    end it at once, for a cluster whose directory is thrown away next
+#                        (tests): SIGKILL to its daemons, job steps and jobs, no cancel, no
+#                        state saved
 #   ops/slurm.sh status  is it up?
 #
 # TRNFLOW_SLURM_DIR moves the directory (default /var/tmp/trnflow-slurm); TRNFLOW_SLURM_PORT
@@ -306,11 +309,51 @@ down() {
   echo "slurm stopped (state in $dir)"
 }
 
+# A cluster's job steps (slurmstepd, found by the files they hold in $dir) and the jobs they
+# run (each task its own process group, proctrack/pgid), and the batch scripts of this
+# cluster's spool directory with their process groups.
+kill_jobs() {
+  local p c
+  for p in $(pgrep -x slurmstepd || true); do
+    if ls -l "/proc/$p/fd" 2>/dev/null | grep -qF "$dir/"; then
+      for c in $(pgrep -P "$p" || true); do kill -9 -- "-$c" "$c" 2>/dev/null || true; done
+      kill -9 "$p" 2>/dev/null || true
+    fi
+  done
+  for p in $(pgrep -f -- "^/bin/bash $dir/spool/" || true); do
+    kill -9 -- "-$p" "$p" 2>/dev/null || true
+  done
+}
+
+# SIGKILL to everything of this cluster, daemons first (nothing restarts a step), then its
+# jobs: nothing is saved, so only for a directory removed next.
+kill_all() {
+  local f pids=()
+  for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/slurmdbd.pid" "$db/mariadbd.pid" \
+           "$dir/munge/munged.pid"; do
+    if alive "$f"; then pids+=("$(cat "$f")"); fi
+  done
+  ((${#pids[@]} == 0)) || kill -9 "${pids[@]}" 2>/dev/null || true
+  kill_jobs
+  # Gone (or a zombie nobody reaped yet) within 5 s.
+  local p left
+  for _ in $(seq 1 50); do
+    left=0
+    for p in "${pids[@]}"; do
+      [[ -e /proc/$p && $(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) != Z ]] && left=1
+    done
+    ((left)) || break
+    sleep 0.1
+  done
+  echo "slurm killed (directory $dir)"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  kill) kill_all ;;
   status)
     export SLURM_CONF="$conf"
     if alive "$dir/slurmctld.pid"; then sinfo -N; else echo "slurm is down"; exit 1; fi ;;
-  *) die "usage: ops/slurm.sh up|down|status" ;;
+  *) die "usage: ops/slurm.sh up|down|kill|status" ;;
 esac

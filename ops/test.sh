@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ops/setup.sh
 echo "== running the tests"
-ctest --test-dir build --output-on-failure --timeout 600 -j 2
+# TRNFLOW_TEST_JOBS: tests run at once (default 2; tests/README.md).
+ctest --test-dir build --output-on-failure --timeout 600 -j "${TRNFLOW_TEST_JOBS:-2}"
 ops/fuzz.sh "${TRNFLOW_FUZZ_SECONDS:-60}"

@@ -439,11 +439,18 @@ TEST(Engine, InfraErrorsAreRetriedWithBackoff) {
   int64_t run = c.SubmitRun(p, Fast());
   scheduler::Scheduler sched(SchedOpts());
   workers::Worker worker(WorkerOpts({{"cpu", 1}}));
-  sched.Start();
+  // The worker alone first: only the scheduler's promoter ends a backoff (at this speed a
+  // backoff of 1 s is over at its next tick), so without it retry_wait holds until the test has
+  // looked. What the test waits for persists: the first attempt's ledger row, closed.
   worker.Start();
-  ASSERT_TRUE(
-      WaitFor([&] { return schema::ToSql(c.GetStages(run)[0].state) == "retry_wait"; }, 10));
+  ASSERT_TRUE(WaitFor([&] {  // closed: open attempts are listed too, without an outcome
+    auto a = c.GetAttempts(run);
+    return !a.empty() && a[0].outcome.has_value();
+  }, 10));
+  EXPECT_EQ(schema::ToSql(c.GetAttempts(run)[0].outcome), "infra_error");
+  EXPECT_EQ(schema::ToSql(c.GetStages(run)[0].state), "retry_wait");
   EXPECT_EQ(QueueMismatches(), "0");  // waiting out its backoff, not in the queue
+  sched.Start();
   ASSERT_TRUE(WaitFor([&] { return RunEnded(c, run); }, 30));
   EXPECT_EQ(RunStateText(c, run), "succeeded");
   auto attempts = c.GetAttempts(run);

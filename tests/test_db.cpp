@@ -75,11 +75,29 @@ std::string CopyCatalog(const std::string& template_name, const std::string& nam
       }
     }
   }
-  {
-    schema::Catalog own(url);
-    schema::testing::RunOutsideTransaction(own, make_own);  // one DO block: one transaction
+  // One DO block: one transaction. Under load it can fail (a deadlock or a concurrent update of
+  // the server's shared role catalogs with another copy's): a few tries. A copy that never gets
+  // its own roles goes: it holds grants to the template's roles, which nobody could drop then.
+  for (int tries = 1;; ++tries) {
+    try {
+      schema::Catalog own(url);
+      schema::testing::RunOutsideTransaction(own, make_own);
+      return url;
+    } catch (const std::exception& e) {
+      if (tries < 5) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200 * tries));
+        continue;
+      }
+      std::string why = e.what();
+      try {
+        DropCatalog(name);
+      } catch (const std::exception& drop) {
+        why += "; dropping the copy failed too: " + std::string(drop.what());
+      }
+      throw std::runtime_error("tests/catalog_copy.sql failed " + std::to_string(tries) +
+                               " times in " + name + ": " + why);
+    }
   }
-  return url;
 }
 
 void MakeCatalogTemplate(const std::string& name) {

@@ -142,7 +142,7 @@ project: recovery-lab
 stages:
   steps:
     run: ["bash", "tests/jobs/checkpointing_job.sh"]
-    env: {STEPS: "80", EVERY: "5"}
+    env: {STEPS: "80", EVERY: "5", HOLD_AT: "22"}
     instance: c6i.xlarge
     market: on-demand
     retry: {max_attempts: 3, on: [lost], backoff: {initial: 1s}}
@@ -153,13 +153,22 @@ stages:
   Daemon worker("job-worker-1", {"worker", "--pool", "cpu=1", "--lease", "3"}, DaemonEnv());
   scheduler.Start();
   worker.Start();
+  // The job checkpoints every 5 steps; the catalog learns of a checkpoint at the worker's next
+  // heartbeat, so a job killed at any moment may have saved one the catalog never heard of.
+  // HOLD_AT: the first attempt stops after step 22 (its last checkpoint at 20) and waits there;
+  // the kill lands once the catalog has that checkpoint and the job has worked past it.
+  const std::string steps_log = CliHome() + "/runs/" + r + "/steps.log";
   ASSERT_TRUE(WaitFor(
-      [&] { return QueryNumber("SELECT progress FROM trnflow.stages WHERE id = " +
-                               Stage(run, "steps")) >= 0.25; },
+      [&] {
+        return testing::ReadFile(steps_log).find("step 22\n") != std::string::npos &&
+               QueryNumber("SELECT progress FROM trnflow.stages WHERE id = " +
+                           Stage(run, "steps")) >= 0.25;
+      },
       60));
   worker.Kill(SIGKILL);  // the job dies with it (PDEATHSIG, its own process group)
   double checkpointed =
       QueryNumber("SELECT progress FROM trnflow.stages WHERE id = " + Stage(run, "steps"));
+  EXPECT_DOUBLE_EQ(checkpointed, 0.25) << "the catalog has the job's last checkpoint, step 20";
   Daemon worker2("job-worker-2", {"worker", "--pool", "cpu=1", "--lease", "3"}, DaemonEnv());
   worker2.Start();
   ASSERT_TRUE(WaitFor([&] { return Query("SELECT state FROM trnflow.runs WHERE id = " + r) ==

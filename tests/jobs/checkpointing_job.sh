@@ -3,6 +3,8 @@
 # checkpoint when TRNFLOW_RESUME=1, reports `::progress`, writes a checkpoint every EVERY
 # steps (`::checkpoint PATH`), and at the spot notice (SIGTERM) checkpoints and exits.
 # Each attempt appends to $TRNFLOW_RUN_DIR/steps.log what it did, for tests to inspect.
+# HOLD_AT=N (tests): the first attempt stops after step N and waits there to be killed, so a
+# test kills it at a known point (after its last checkpoint, before the next).
 set -u
 steps=${STEPS:-40}
 every=${EVERY:-5}
@@ -28,6 +30,10 @@ while [ "$step" -lt "$steps" ]; do
   echo "step $((step + 1))" >> "$TRNFLOW_RUN_DIR/steps.log"
   step=$((step + 1))
   if [ $((step % every)) -eq 0 ]; then save; fi
+  if [ "$step" = "${HOLD_AT:-}" ] && [ "${TRNFLOW_ATTEMPT:-1}" = 1 ]; then
+    echo "holding at step $step"
+    while :; do sleep 1 & wait $!; done
+  fi
 done
 echo "::progress 1"
 echo "done at step $step"

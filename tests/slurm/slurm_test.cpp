@@ -3,6 +3,11 @@
 // directory on private ports, a real PostgreSQL catalog, and the real binary as `trnflow run`
 // or as daemons.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
@@ -38,17 +43,22 @@ using testing::TestDatabase;
 using testing::WaitFor;
 using testing::WriteTempFile;
 
-// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with four ports of
-// its own (slurmctld, two slurmd, slurmdbd; so a developer's cluster on the default ports is
-// left alone).
+// The cluster, up for the whole program: ops/slurm.sh in a fresh directory with a block of four
+// ports of its own (slurmctld, two slurmd, slurmdbd; MariaDB has a socket only), so test
+// programs run in parallel, each with its own cluster, and a developer's cluster on the
+// default ports is left alone. A block is N in 0..499, ports 18000 + 4N .. +3, held for the
+// program's life by flock on /tmp/trnflow-slurm-ports-N.lock (the kernel drops the lock when
+// the program ends, however it ends). The lock files stay: removing one while another program
+// has it open and is about to lock it would let two programs hold block N at once.
 class SlurmCluster : public ::testing::Environment {
  public:
   static std::string env() {  // prefix for ops/slurm.sh commands
     return "TRNFLOW_SLURM_DIR=" + dir() + " TRNFLOW_SLURM_PORT=" + std::to_string(port()) + " ";
   }
   static std::string dir() { return "/tmp/trnflow-slurm-test-" + std::to_string(getpid()); }
-  static int port() { return 18000 + static_cast<int>(getpid() % 500) * 4; }
+  static int port() { return 18000 + block_ * 4; }
   void SetUp() override {
+    TakeAPortBlock();
     fs::remove_all(dir());
     int status = 0;
     std::string out = ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh up", &status);
@@ -56,6 +66,7 @@ class SlurmCluster : public ::testing::Environment {
     if (status != 0 || at == std::string::npos) {
       // Fail the program: gtest would otherwise mark every test skipped and exit 0.
       std::fprintf(stderr, "ops/slurm.sh up failed (exit %d):\n%s\n", status, out.c_str());
+      ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh kill");
       std::exit(1);
     }
     std::string conf = out.substr(at + 18);
@@ -63,9 +74,48 @@ class SlurmCluster : public ::testing::Environment {
     ::setenv("SLURM_CONF", conf.c_str(), 1);
   }
   void TearDown() override {
-    ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh down");
+    // Nothing of this cluster is kept: no need for down's orderly stop.
+    ShOutput(env() + TRNFLOW_SOURCE_DIR "/ops/slurm.sh kill");
     fs::remove_all(dir());
   }
+
+ private:
+  // Can a listening socket take this port (as slurmctld's does, with SO_REUSEADDR)?
+  static bool PortFree(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+    ::close(fd);
+    return ok;
+  }
+  // The first block whose lock this program gets and whose four ports are free; its lock fd
+  // stays open (never closed: the lock is the program's until it exits).
+  static void TakeAPortBlock() {
+    for (int n = 0; n < 500; ++n) {
+      std::string lock = "/tmp/trnflow-slurm-ports-" + std::to_string(n) + ".lock";
+      int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        ::close(fd);
+        continue;
+      }
+      int first = 18000 + n * 4;
+      if (PortFree(first) && PortFree(first + 1) && PortFree(first + 2) && PortFree(first + 3)) {
+        block_ = n;
+        return;
+      }
+      ::close(fd);  // in use by something else: try the next block
+    }
+    std::fprintf(stderr, "no free block of four ports in 18000..19999 (locks /tmp/trnflow-slurm-ports-*.lock)\n");
+    std::exit(1);
+  }
+  static inline int block_ = -1;
 };
 
 [[maybe_unused]] auto* const kDatabase =
@@ -748,7 +798,12 @@ TEST(Slurm, AStageThatOverrunsItsTimeoutIsCancelledAsATimeout) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   int64_t run = RunIdOf(r.out);
   EXPECT_EQ(AttemptCol(run, "work", 1, "outcome"), "timeout") << AttemptCol(run, "work", 1, "message");
-  EXPECT_EQ(JobState(AttemptCol(run, "work", 1, "executor_job")), "CANCELLED");
+  // The attempt ends when the workload has exited (the wrapper's exit file): Slurm may still be
+  // completing the cancelled job then (COMPLETING, its step's cleanup), longer under load.
+  // Slurm's last word on it, once it has one:
+  std::string job = AttemptCol(run, "work", 1, "executor_job"), state;
+  EXPECT_TRUE(WaitFor([&] { return (state = JobState(job)) != "COMPLETING"; }, 30)) << state;
+  EXPECT_EQ(state, "CANCELLED");
 }
 
 TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
