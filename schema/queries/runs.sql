@@ -210,6 +210,9 @@ SELECT coalesce((SELECT value FROM trnflow.settings WHERE key = 'job_uid_range')
 -- name: ListProjects
 -- The people of each project: the roles granted its writer role (read and write), then those
 -- granted only its read role (the writer role, a member of the read role, is not a person).
+-- Roles are looked up by name in pg_roles and compared by oid: a role missing from the server
+-- lists no one rather than failing the whole listing (pg_has_role with a name that does not
+-- exist raises an error).
 SELECT p.name, trnflow.project_role(p.name),
        coalesce((SELECT string_agg(m.rolname, ',' ORDER BY m.rolname)
                  FROM pg_roles g JOIN pg_auth_members am ON am.roleid = g.oid
@@ -220,7 +223,9 @@ SELECT p.name, trnflow.project_role(p.name),
                  JOIN pg_roles m ON m.oid = am.member
                  WHERE g.rolname = trnflow.project_role(p.name)
                    AND m.rolname <> trnflow.project_writer_role(p.name)
-                   AND NOT pg_has_role(m.oid, trnflow.project_writer_role(p.name), 'MEMBER')), ''),
+                   AND NOT EXISTS (SELECT 1 FROM pg_roles w
+                                   WHERE w.rolname = trnflow.project_writer_role(p.name)
+                                     AND pg_has_role(m.oid, w.oid, 'MEMBER'))), ''),
        (SELECT count(*) FROM trnflow.runs r WHERE r.project = p.name)
 FROM trnflow.projects p ORDER BY p.name;
 
