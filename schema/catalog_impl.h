@@ -98,9 +98,18 @@ inline std::vector<std::string> SplitComma(const std::string& s) {
   return out;
 }
 
+// For a read whose query filters with optional parameters (`$1 = '' OR col = $1`): plans it
+// for the values given, in this transaction only. A long-lived process (trnflow serve) would
+// otherwise get PostgreSQL's generic plan after five executions, one that cannot use the index
+// the values pick (/api/runs?project scanned every run: 134 ms against 22 ms at 100k runs).
+inline void PlanForTheseValues(pqxx::transaction_base& tx) {
+  tx.exec("SET LOCAL plan_cache_mode = force_custom_plan");
+}
+
 }  // namespace detail
 
 using detail::MoneyOf;
+using detail::PlanForTheseValues;
 using detail::NumberArray;
 using detail::Quote;
 using detail::Receiver;

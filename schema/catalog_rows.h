@@ -375,7 +375,7 @@ struct ArtifactRow {
   std::string last_used_at;
   std::string created_at;
   int64_t builder_stage = 0;
-  Money producer_cost;  // what the attempt that built it cost
+  Money producer_cost;  // what the attempt that built it cost (GetArtifact only; 0 in a listing)
   std::string project;  // whose entry it is; "" for a compiled graph (every project's)
 };
 

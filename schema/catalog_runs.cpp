@@ -92,6 +92,7 @@ std::vector<AttemptRow> ReadAttempts(const pqxx::result& result) {
 std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
   return impl_->Guard([&]() -> std::optional<RunRow> {
     pqxx::work tx(impl_->C());
+    PlanForTheseValues(tx);
     pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id,
                                  std::string(), std::string());
     if (r.empty()) return std::nullopt;
@@ -102,6 +103,7 @@ std::optional<RunRow> Catalog::GetRun(int64_t run_id) {
 std::vector<RunRow> Catalog::ListRuns(const RunsQuery& q) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
+    PlanForTheseValues(tx);
     std::vector<RunRow> out;
     for (const auto& row : impl_->Exec(tx, "ListRuns", q.project, q.state, q.limit, int64_t{0},
                                        q.pipeline, q.since))
@@ -128,6 +130,7 @@ std::optional<RunView> Catalog::ReadRunView(int64_t run_id, bool with_attempts) 
   return impl_->Guard([&]() -> std::optional<RunView> {
     // One snapshot: the run's figures, its stages and their attempts agree with each other.
     pqxx::transaction<pqxx::repeatable_read, pqxx::read_only> tx(impl_->C());
+    PlanForTheseValues(tx);
     pqxx::result r = impl_->Exec(tx, "ListRuns", std::string(), std::string(), 1, run_id,
                                  std::string(), std::string());
     if (r.empty()) return std::nullopt;
