@@ -1,14 +1,18 @@
 // trnflow db archive: one past UTC month of the ledger to a pg_dump file, checked, then its
 // partition detached and dropped (migration 0031; docs/operations.md, "Retention").
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -24,8 +28,45 @@ struct ToolResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs a PostgreSQL client tool (pg_dump, pg_restore) with these arguments, no shell between.
-ToolResult RunTool(const std::vector<std::string>& args) {
+// The URL without its password, and the password: a password on a command line is readable by
+// every local user (/proc/PID/cmdline), so the client tool gets it in PGPASSWORD instead.
+std::pair<std::string, std::string> SplitPassword(const std::string& url) {
+  static const std::regex uri(R"(^(postgres(?:ql)?://[^:@/?]*):([^@/?]*)@(.*)$)");
+  static const std::regex keyword(R"((^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+))");
+  std::smatch m;
+  if (std::regex_match(url, m, uri)) {
+    std::string pw, enc = m[2].str();
+    for (size_t i = 0; i < enc.size(); ++i) {  // percent-decoded, as libpq reads it
+      if (enc[i] == '%' && i + 2 < enc.size() &&
+          std::isxdigit(static_cast<unsigned char>(enc[i + 1])) &&
+          std::isxdigit(static_cast<unsigned char>(enc[i + 2]))) {
+        pw += static_cast<char>(std::stoi(enc.substr(i + 1, 2), nullptr, 16));
+        i += 2;
+      } else {
+        pw += enc[i];
+      }
+    }
+    return {m[1].str() + "@" + m[3].str(), pw};
+  }
+  if (std::regex_search(url, m, keyword)) {
+    std::string pw = m[2].str();
+    if (pw.size() >= 2 && pw.front() == '\'') {
+      std::string unq;
+      for (size_t i = 1; i + 1 < pw.size(); ++i) {
+        if (pw[i] == '\\' && i + 2 < pw.size()) ++i;
+        unq += pw[i];
+      }
+      pw = unq;
+    }
+    return {m.prefix().str() + m[1].str() + m.suffix().str(), pw};
+  }
+  return {url, ""};
+}
+
+// Runs a PostgreSQL client tool (pg_dump, pg_restore) with these arguments, no shell between;
+// `password` (if any) in its environment only. What it writes is for the owner alone (umask 077:
+// a dump holds every project's ledger).
+ToolResult RunTool(const std::vector<std::string>& args, const std::string& password = "") {
   ToolResult r;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return r;
@@ -38,6 +79,8 @@ ToolResult RunTool(const std::vector<std::string>& args) {
   if (pid == 0) {
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
+    ::umask(077);
+    if (!password.empty()) ::setenv("PGPASSWORD", password.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -86,8 +129,10 @@ int CmdDbArchive(const ArchiveArgs& args) {
 
   std::string tmp = file + ".partial";
   std::filesystem::remove(tmp, ec);
-  ToolResult dump = RunTool(
-      {"pg_dump", "--format=custom", "--table=" + table, "--file=" + tmp, "--dbname=" + url});
+  auto [url_without_password, password] = SplitPassword(url);
+  ToolResult dump = RunTool({"pg_dump", "--format=custom", "--table=" + table, "--file=" + tmp,
+                             "--dbname=" + url_without_password},
+                            password);
   if (dump.status != 0) {
     std::filesystem::remove(tmp, ec);
     throw UserError("pg_dump of " + table + " failed (exit " + std::to_string(dump.status) +
