@@ -4,6 +4,7 @@
 // headless chromium, promtool and a Prometheus server. Screenshots are kept under
 // build/test-artifacts/serve/.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -15,6 +16,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -184,41 +186,151 @@ std::string ArtifactDir() {
   return TRNFLOW_ARTIFACT_DIR;
 }
 
-// Headless chromium: the DOM after the page's scripts ran (and, with `screenshot`, a PNG of it
-// kept as a test artifact).
-std::string Browse(std::string url, const std::string& screenshot = "", int budget_ms = 8000) {
-  // The operator's browser opens the address with the token once (it becomes a cookie).
+// The operator's browser opens the address with the token once (it becomes a cookie).
+std::string WithToken(std::string url) {
   std::smatch m;
   if (std::regex_search(url, m, std::regex(R"(^http://127\.0\.0\.1:(\d+)/)")))
     if (auto it = Credentials().find(std::stoi(m[1])); it != Credentials().end() &&
                                                         it->second.headers.count("Authorization"))
       url += (url.find('?') == std::string::npos ? "?token=" : "&token=") + it->second.secret;
+  return url;
+}
+
+// A chromium profile of its own each time: chromium started again on a profile it used waits
+// on it.
+std::string FreshProfile() {
   static int calls = 0;
-  // A profile of its own each time: chromium started again on a profile it used waits on it.
-  auto fresh = [] {
-    std::string p = fs::temp_directory_path() /
-                    ("trnflow-chromium-" + std::to_string(getpid()) + "-" + std::to_string(++calls));
-    fs::remove_all(p);
-    return p;
-  };
+  std::string p = fs::temp_directory_path() /
+                  ("trnflow-chromium-" + std::to_string(getpid()) + "-" + std::to_string(++calls));
+  fs::remove_all(p);
+  return p;
+}
+
+const char* const kChromium =
+    "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run "
+    "--window-size=1400,1100 ";
+
+// Headless chromium: the DOM after the page's scripts ran (and, with `screenshot`, a PNG of it
+// kept as a test artifact). Chromium runs the page on virtual time for `budget_ms`: timers and
+// fetches finish without waiting for the wall clock.
+std::string Browse(std::string url, const std::string& screenshot = "", int budget_ms = 8000) {
+  url = WithToken(url);
   auto common = [&](const std::string& profile) {
-    return "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
-           "--no-first-run --user-data-dir=" + profile + " --virtual-time-budget=" +
-           std::to_string(budget_ms) + " ";
+    return std::string("timeout 120 ") + kChromium + "--user-data-dir=" + profile +
+           " --virtual-time-budget=" + std::to_string(budget_ms) + " ";
   };
   if (!screenshot.empty()) {
-    std::string profile = fresh();
-    auto s = Sh(common(profile) + "--window-size=1400,1100 --hide-scrollbars --screenshot=" +
-                 ArtifactDir() + "/" + screenshot + " '" + url + "'");
+    std::string profile = FreshProfile();
+    auto s = Sh(common(profile) + "--hide-scrollbars --screenshot=" + ArtifactDir() + "/" +
+                screenshot + " '" + url + "'");
     fs::remove_all(profile);
     EXPECT_EQ(s.exit_code, 0) << s.out;
     EXPECT_TRUE(fs::exists(ArtifactDir() + "/" + screenshot)) << s.out;
   }
-  std::string profile = fresh();
-  auto s = Sh(common(profile) + "--window-size=1400,1100 --dump-dom '" + url + "' 2>/dev/null");
+  std::string profile = FreshProfile();
+  auto s = Sh(common(profile) + "--dump-dom '" + url + "' 2>/dev/null");
   fs::remove_all(profile);
   EXPECT_EQ(s.exit_code, 0) << s.out;
   return s.out;
+}
+
+// Headless chromium on the wall clock, for a page that follows a stream (virtual time stands
+// still while a request is open, so a budget of it passes only in wall time): the page is
+// opened and `ready`, a JavaScript expression, is evaluated every 100 ms; once it is true, or
+// after `timeout_s`, the DOM is returned as --dump-dom prints it (document.documentElement's
+// outerHTML). Driven over the DevTools protocol on a pipe (--remote-debugging-pipe: chromium
+// reads commands from fd 3 and writes replies on fd 4, each a JSON text ended by a NUL).
+std::string BrowseUntil(const std::string& address, const std::string& ready, double timeout_s) {
+  const std::string url = WithToken(address);
+  const std::string profile = FreshProfile();
+  int to_chromium[2], from_chromium[2];
+  if (::pipe2(to_chromium, O_CLOEXEC) != 0 || ::pipe2(from_chromium, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return "";
+  }
+  std::string command = std::string("exec ") + kChromium + "--user-data-dir=" + profile +
+                        " --remote-debugging-pipe about:blank 2>/dev/null";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    // Above 4 first, so that neither dup2 below closes the other's source.
+    int in = ::fcntl(to_chromium[0], F_DUPFD, 10), out = ::fcntl(from_chromium[1], F_DUPFD, 10);
+    ::dup2(in, 3);
+    ::dup2(out, 4);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(to_chromium[0]);
+  ::close(from_chromium[1]);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int>(timeout_s * 1000) + 30000);
+  std::string pending;  // what chromium wrote after the last whole message
+  int next_id = 0;
+  // Sends a command and returns its reply's "result" (null when none came before the deadline).
+  auto call = [&](const std::string& method, nlohmann::json params,
+                  const std::string& session = "") -> nlohmann::json {
+    nlohmann::json msg = {{"id", ++next_id}, {"method", method}, {"params", std::move(params)}};
+    if (!session.empty()) msg["sessionId"] = session;
+    std::string text = msg.dump();
+    text.push_back('\0');
+    if (::write(to_chromium[1], text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      return nullptr;
+    for (;;) {
+      for (size_t end; (end = pending.find('\0')) != std::string::npos;) {
+        auto reply = nlohmann::json::parse(pending.substr(0, end), nullptr, false);
+        pending.erase(0, end + 1);
+        if (reply.is_object() && reply.value("id", -1) == next_id)
+          return reply.contains("result") ? reply["result"] : nlohmann::json(nullptr);
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      deadline - std::chrono::steady_clock::now())
+                      .count();
+      pollfd p = {from_chromium[0], POLLIN, 0};
+      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return nullptr;
+      char buf[65536];
+      ssize_t n = ::read(from_chromium[0], buf, sizeof buf);
+      if (n <= 0) return nullptr;
+      pending.append(buf, static_cast<size_t>(n));
+    }
+  };
+  std::string dom;
+  nlohmann::json target = call("Target.createTarget", {{"url", url}});
+  nlohmann::json attached =
+      target.is_object()
+          ? call("Target.attachToTarget", {{"targetId", target["targetId"]}, {"flatten", true}})
+          : nlohmann::json(nullptr);
+  if (attached.is_object()) {
+    const std::string session = attached["sessionId"];
+    const std::string expression =
+        "(() => { try { return (" + ready + ") ? document.documentElement.outerHTML : ''; } "
+        "catch (e) { return ''; } })()";
+    auto give_up = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(static_cast<int>(timeout_s * 1000));
+    for (bool last = false; !last;) {
+      last = std::chrono::steady_clock::now() >= give_up;
+      nlohmann::json r = call("Runtime.evaluate",
+                              {{"expression", last ? "document.documentElement.outerHTML"
+                                                   : expression},
+                               {"returnByValue", true}},
+                              session);
+      if (!r.is_object()) break;
+      dom = r["result"].value("value", "");
+      if (!dom.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_TRUE(attached.is_object()) << "chromium did not open " << address << " over DevTools";
+  call("Browser.close", nlohmann::json::object());
+  ::close(to_chromium[1]);
+  ::close(from_chromium[0]);
+  int status = 0;
+  for (int i = 0; i < 100 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (::waitpid(pid, &status, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  fs::remove_all(profile);
+  return dom;
 }
 
 // The amounts ($1.23) on the line of a CLI table that starts with `first`.
@@ -1119,7 +1231,10 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
   // only once the page is open and following the stream (two streams: it and the reader).
   std::string dom;
   std::thread browser([&] {
-    dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id, "", 30000);
+    dom = BrowseUntil("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id,
+                      "document.querySelector('.node[data-stage=\"third\"]"
+                      "[data-state=\"succeeded\"][data-live-changes]')",
+                      30);
   });
   bool watching = WaitFor(
       [&] {
@@ -1469,8 +1584,10 @@ TEST_F(Serve, TheLogOfARunStageIsTailedForThoseWhoSeeTheRun) {
   // The page follows it: opened while the stage runs, it shows the second line once written.
   std::string dom;
   std::thread browser([&] {
-    dom = Browse("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run + "?log=say", "",
-                 30000);
+    dom = BrowseUntil("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run + "?log=say",
+                      "document.querySelector('#log-text[data-stage=\"say\"][data-attempt=\"2\"]"
+                      "[data-complete=\"true\"]')",
+                      30);
   });
   bool watching = WaitFor(
       [&] {
