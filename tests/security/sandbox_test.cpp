@@ -36,16 +36,27 @@ constexpr uid_t kProjectA = 200001, kProjectB = 200002;
 using trnflow::testing::ReadFile;
 
 // Host pids of the processes running as `uid` whose command line contains `needle`.
+// A file of /proc/PID, or "" once the process is gone (reading a vanished process's file
+// fails with ESRCH, which the stream reports by throwing).
+std::string ProcFile(const fs::path& path) {
+  try {
+    return ReadFile(path.string());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 std::vector<pid_t> ProcessesOf(uid_t uid, const std::string& needle) {
   std::vector<pid_t> found;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename();
+  std::error_code ec;  // processes come and go while the directory is read
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     // The real uid from status: /proc/PID itself is root's for a process that is not dumpable.
-    std::string status = ReadFile(e.path().string() + "/status");
+    std::string status = ProcFile(it->path() / "status");
     auto at = status.find("\nUid:\t");
     if (at == std::string::npos || std::stoul(status.substr(at + 6)) != uid) continue;
-    std::string cmdline = ReadFile(e.path().string() + "/cmdline");
+    std::string cmdline = ProcFile(it->path() / "cmdline");
     for (char& c : cmdline)
       if (c == '\0') c = ' ';
     bool bwrap = cmdline.find("bwrap ") < cmdline.find(' ') + 1;  // its argv holds the job's

@@ -1232,8 +1232,8 @@ TEST_F(Serve, TheEventStreamFollowsARunResumesAndIsCapped) {
   std::string dom;
   std::thread browser([&] {
     dom = BrowseUntil("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + id,
-                      "document.querySelector('.node[data-stage=\"third\"]"
-                      "[data-state=\"succeeded\"][data-live-changes]')",
+                      "/class=\"node\" data-stage=\"third\" data-state=\"succeeded\" "
+                      "data-live-changes=\"\\d+\"/.test(document.documentElement.outerHTML)",
                       30);
   });
   bool watching = WaitFor(
@@ -1586,7 +1586,7 @@ TEST_F(Serve, TheLogOfARunStageIsTailedForThoseWhoSeeTheRun) {
   std::thread browser([&] {
     dom = BrowseUntil("http://127.0.0.1:" + std::to_string(port_) + "/runs/" + run + "?log=say",
                       "document.querySelector('#log-text[data-stage=\"say\"][data-attempt=\"2\"]"
-                      "[data-complete=\"true\"]')",
+                      "[data-complete=\"true\"]')?.textContent === 'line one\\nline two\\n'",
                       30);
   });
   bool watching = WaitFor(
