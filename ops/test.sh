@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ops/setup.sh
+# The tests' catalogs on tmpfs (tests/README.md).
+ops/postgres.sh test-tablespace
 echo "== running the tests"
 # TRNFLOW_TEST_JOBS: tests run at once (default 2; tests/README.md).
 ctest --test-dir build --output-on-failure --timeout 600 -j "${TRNFLOW_TEST_JOBS:-2}"

@@ -210,12 +210,16 @@ std::string WithDatabase(const std::string& url, const std::string& name) {
 }
 }  // namespace
 
-std::string CreateDatabase(const std::string& admin_url, const std::string& name) {
+std::string CreateDatabase(const std::string& admin_url, const std::string& name,
+                           const NewDatabase& how) {
   try {
     pqxx::connection c(admin_url);
     pqxx::nontransaction nt(c);
     nt.exec("DROP DATABASE IF EXISTS " + nt.quote_name(name) + " WITH (FORCE)");
-    nt.exec("CREATE DATABASE " + nt.quote_name(name));
+    std::string sql = "CREATE DATABASE " + nt.quote_name(name);
+    if (!how.template_name.empty()) sql += " TEMPLATE " + nt.quote_name(how.template_name);
+    if (!how.tablespace.empty()) sql += " TABLESPACE " + nt.quote_name(how.tablespace);
+    nt.exec(sql);
   } catch (const pqxx::broken_connection& e) {
     throw CatalogUnavailable("cannot reach " + RedactUrl(admin_url) + ": " + e.what());
   }

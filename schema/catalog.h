@@ -320,9 +320,15 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   std::unique_ptr<Impl> impl_;
 };
 
-// Creates database `name` on the server of `admin_url` (dropping it first if it exists);
-// returns a URL for it. Dropping likewise. For tests and `trnflow db` tooling.
-std::string CreateDatabase(const std::string& admin_url, const std::string& name);
+// Creates database `name` on the server of `admin_url` (dropping it first if it exists),
+// copied from `template_name` and in `tablespace` when given; returns a URL for it. Dropping
+// likewise. For tests and `trnflow db` tooling.
+struct NewDatabase {
+  std::string template_name;
+  std::string tablespace;
+};
+std::string CreateDatabase(const std::string& admin_url, const std::string& name,
+                           const NewDatabase& how = {});
 void DropDatabase(const std::string& admin_url, const std::string& name);
 // Lets the catalog's daemon role (made by `db migrate`) log in with a new random password and
 // returns its URL (the owner's URL with the daemon's user and password). Schema owner only.
