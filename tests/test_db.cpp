@@ -161,8 +161,20 @@ void TestDatabase::TearDown() {
 }
 
 std::string Query(const std::string& sql) {
-  schema::Catalog c(TestDatabase::owner_url());
-  return schema::testing::QueryValue(c, sql);
+  // One connection per thread, kept: tests poll with Query in WaitFor loops, and a connection
+  // each time was a PostgreSQL backend started and ended each time.
+  thread_local std::unique_ptr<schema::Catalog> c;
+  thread_local std::string url;
+  if (!c || url != TestDatabase::owner_url()) {
+    url = TestDatabase::owner_url();
+    c = std::make_unique<schema::Catalog>(url);
+  }
+  try {
+    return schema::testing::QueryValue(*c, sql);
+  } catch (const CatalogUnavailable&) {  // the kept connection was lost (a server restart)
+    c = std::make_unique<schema::Catalog>(url);
+    return schema::testing::QueryValue(*c, sql);
+  }
 }
 
 double QueryNumber(const std::string& sql) {
