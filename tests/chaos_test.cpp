@@ -286,11 +286,12 @@ TEST(Chaos, JobsDieWithTheirStageAndTheirWorker) {
   EXPECT_NE(std::system("pgrep -f 'sleep 30[1].25' >/dev/null"), 0)
       << "the background child outlived its stage";
 
+  // 317.5 s: no other test's job sleeps that long (pgrep sees the processes of every test).
   int64_t slow = Submit(
-      "pipeline: orphan\nproject: chaos\nstages:\n  s:\n    run: [\"sleep\", \"302.5\"]\n", 1);
-  ASSERT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 30[2].5' >/dev/null") == 0; }, 20));
+      "pipeline: orphan\nproject: chaos\nstages:\n  s:\n    run: [\"sleep\", \"317.5\"]\n", 1);
+  ASSERT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 31[7].5' >/dev/null") == 0; }, 20));
   worker->Kill(SIGKILL);
-  EXPECT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 30[2].5' >/dev/null") != 0; }, 5))
+  EXPECT_TRUE(WaitFor([&] { return std::system("pgrep -f 'sleep 31[7].5' >/dev/null") != 0; }, 5))
       << "the job outlived its worker";
   Query("UPDATE trnflow.runs SET state = 'cancelled' WHERE id = " + std::to_string(slow) +
         " RETURNING 1");

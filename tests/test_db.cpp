@@ -155,15 +155,21 @@ void TestDatabase::SetUp() {
   setenv("TRNFLOW_ADMIN_DATABASE_URL", g_owner_url.c_str(), 1);
 }
 
+namespace {
+// Query's connection, one per thread, kept: tests poll with Query in WaitFor loops, and a
+// connection each time was a PostgreSQL backend started and ended each time. TearDown closes
+// the main thread's before dropping the database.
+thread_local std::unique_ptr<schema::Catalog> query_catalog;
+}  // namespace
+
 void TestDatabase::TearDown() {
+  query_catalog.reset();  // a session in the database: a plain DROP DATABASE would wait on it
   if (std::getenv("TRNFLOW_TEST_KEEP_DB")) return;
   DropCatalog(name_);
 }
 
 std::string Query(const std::string& sql) {
-  // One connection per thread, kept: tests poll with Query in WaitFor loops, and a connection
-  // each time was a PostgreSQL backend started and ended each time.
-  thread_local std::unique_ptr<schema::Catalog> c;
+  auto& c = query_catalog;
   thread_local std::string url;
   if (!c || url != TestDatabase::owner_url()) {
     url = TestDatabase::owner_url();

@@ -82,12 +82,15 @@ std::string RunStateText(schema::Catalog& c, int64_t run);
 // one's (it once gave a test a stale run directory, and another a stale port).
 std::string ProcessDir(const std::string& prefix, bool random_suffix = true);
 
-// Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held.
+// Waits until `condition` holds, polling, up to `timeout_s`; returns whether it held. Polls
+// every 10 ms at first, backing off to every 100 ms: many conditions start a process (squeue,
+// trnflow) or query the catalog, and at 50 polls a second they were much of the suite's CPU.
 template <typename F>
 bool WaitFor(F&& condition, double timeout_s);
 
 }  // namespace trnflow::testing
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -96,9 +99,11 @@ bool trnflow::testing::WaitFor(F&& condition, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(timeout_s));
+  auto pause = std::chrono::milliseconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
     if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
   return condition();
 }
