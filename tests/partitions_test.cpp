@@ -24,28 +24,13 @@ namespace {
 
 using testing::CliResult;
 using testing::MustParse;
+using testing::RunToEnd;
 using testing::RunTrnflow;
 using testing::Sh;
 using testing::TestDatabase;
 using testing::WaitFor;
 
-const char* kSmall =
-    "pipeline: small\nproject: lab\nstages:\n"
-    "  prep:\n    run: [\"true\"]\n"
-    "  train: {kind: train, needs: [prep], instance: trn1.2xlarge, model: gpt2, tokens: 1e9, "
-    "market: spot, checkpoint: {every: 30m}}\n"
-    "  compile: {kind: compile, needs: [train], target: inf2, instance: trn1.2xlarge, "
-    "seq_len: 512, matrix: {batch: [1, 8]}, batch: \"${{ matrix.batch }}\"}\n";
-
-int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p) {
-  int64_t run = c.SubmitRun(p, testing::FastSubmit(1e6));
-  scheduler::Scheduler sched(testing::TestSchedulerOptions());
-  workers::Worker worker(testing::TestWorkerOptions({{"trn1", 4}, {"cpu", 2}}));
-  sched.Start();
-  worker.Start();
-  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != schema::RunState::kRunning; }, 60));
-  return run;
-}
+const char* const kSmall = testing::kSmallPipeline;
 
 // The first day of the UTC month `back` months before this one, as PostgreSQL reads it.
 std::string MonthStart(schema::Catalog& owner, int back) {

@@ -23,14 +23,9 @@ using testing::TestDatabase;
 using testing::WaitFor;
 
 using testing::MustParse;
+using testing::RunToEnd;
 
-const char* kSmall =
-    "pipeline: small\nproject: lab\nstages:\n"
-    "  prep:\n    run: [\"true\"]\n"
-    "  train: {kind: train, needs: [prep], instance: trn1.2xlarge, model: gpt2, tokens: 1e9, "
-    "market: spot, checkpoint: {every: 30m}}\n"
-    "  compile: {kind: compile, needs: [train], target: inf2, instance: trn1.2xlarge, "
-    "seq_len: 512, matrix: {batch: [1, 8]}, batch: \"${{ matrix.batch }}\"}\n";
+const char* const kSmall = testing::kSmallPipeline;
 
 schema::SubmitOptions Fast(double speed = 1e6) { return testing::FastSubmit(speed); }
 
@@ -39,16 +34,6 @@ workers::WorkerOptions WorkerOpts() {
 }
 
 scheduler::SchedulerOptions SchedOpts() { return testing::TestSchedulerOptions(); }
-
-int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed = 1e6) {
-  int64_t run = c.SubmitRun(p, Fast(speed));
-  scheduler::Scheduler sched(SchedOpts());
-  workers::Worker worker(WorkerOpts());
-  sched.Start();
-  worker.Start();
-  EXPECT_TRUE(WaitFor([&] { return schema::ToSql(c.GetRun(run)->state) != "running"; }, 60));
-  return run;
-}
 
 std::string DatabaseName() { return TestDatabase::database_name(); }
 

@@ -55,4 +55,22 @@ schema::SubmitOptions FastSubmit(double speed) {
   return o;
 }
 
+const char* const kSmallPipeline =
+    "pipeline: small\nproject: lab\nstages:\n"
+    "  prep:\n    run: [\"true\"]\n"
+    "  train: {kind: train, needs: [prep], instance: trn1.2xlarge, model: gpt2, tokens: 1e9, "
+    "market: spot, checkpoint: {every: 30m}}\n"
+    "  compile: {kind: compile, needs: [train], target: inf2, instance: trn1.2xlarge, "
+    "seq_len: 512, matrix: {batch: [1, 8]}, batch: \"${{ matrix.batch }}\"}\n";
+
+int64_t RunToEnd(schema::Catalog& c, const pipelines::Pipeline& p, double speed) {
+  int64_t run = c.SubmitRun(p, FastSubmit(speed));
+  scheduler::Scheduler sched(TestSchedulerOptions());
+  workers::Worker worker(TestWorkerOptions({{"trn1", 4}, {"cpu", 2}}));
+  sched.Start();
+  worker.Start();
+  EXPECT_TRUE(WaitFor([&] { return c.GetRun(run)->state != schema::RunState::kRunning; }, 60));
+  return run;
+}
+
 }  // namespace trnflow::testing
