@@ -6,8 +6,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <ctime>
+#include <iostream>
 #include <regex>
 #include <set>
 
@@ -73,6 +73,12 @@ std::function<pipelines::StageBound(const std::string&)> CatalogStageBound() {
   };
 }
 
+void RequireProjectName(const std::string& name) {
+  static const std::regex rule("[a-z0-9][a-z0-9_-]{0,62}");
+  if (!std::regex_match(name, rule))
+    throw UserError("invalid project name '" + name + "': " + pipelines::ProjectNameHint(name));
+}
+
 void CheckPoolName(const std::string& name, const std::string& flag) {
   std::set<std::string> pools;
   for (const auto& t : sim::Catalog::Builtin().instances()) pools.insert(t.pool);
@@ -100,7 +106,8 @@ std::string CheckedAdminUrl(const std::string& command) {
                     ConfigDir() + "/owner.url names " + owners +
                     ": set TRNFLOW_ADMIN_DATABASE_URL to the schema owner's URL of " + meant +
                     " (TRNFLOW_DATABASE_URL is the daemons' or a person's login, which may not "
-                    "change the schema), or unset TRNFLOW_DATABASE_URL to work on " + owners);
+                    "change the schema), or unset TRNFLOW_DATABASE_URL to work on " +
+                    owners);
   return url;
 }
 
@@ -176,7 +183,6 @@ std::string ReadDateFlag(const std::string& flag, const std::string& d) {
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
   return buf;
 }
-
 
 void RequireProject(schema::Catalog& catalog, const std::string& project) {
   if (project.empty() || catalog.ProjectExists(project)) return;

@@ -34,8 +34,8 @@ struct ExecutorArgs {
 // How the stages a command runs are run: the sandbox, and where (every command that runs
 // stages: run, watch --execute, worker).
 struct SandboxArgs {
-  bool no_sandbox = false;  // or TRNFLOW_SANDBOX=off
-  std::string job_limits;   // as=16G,nproc=1024,... over TRNFLOW_JOB_LIMITS and the defaults
+  bool no_sandbox = false;     // or TRNFLOW_SANDBOX=off
+  std::string job_limits;      // as=16G,nproc=1024,... over TRNFLOW_JOB_LIMITS and the defaults
   bool allow_network = false;  // stages with `network: host` may share the host's network
   ExecutorArgs executor;
 };
@@ -102,6 +102,8 @@ std::function<pipelines::StageBound(const std::string&)> CatalogStageBound();
 // A pool name from the command line, checked against the hardware catalog's pools; throws
 // UserError naming the pools (and the closest) otherwise. `flag` is what the user typed.
 void CheckPoolName(const std::string& name, const std::string& flag);
+// The project naming rule, checked before the catalog is asked (which checks it too).
+void RequireProjectName(const std::string& name);
 
 enum class CatalogLogin { kDefault, kAdmin };
 std::unique_ptr<schema::Catalog> OpenCatalog(CatalogLogin login = CatalogLogin::kDefault);

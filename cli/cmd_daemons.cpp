@@ -1,5 +1,4 @@
 // trnflow db migrate / worker / scheduler / exec-stage.
-#include <regex>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -45,7 +45,8 @@ int CmdDbMigrate(const std::string& job_uid_range) {
   }
   schema::Catalog catalog(CheckedAdminUrl("db migrate"));
   auto report = catalog.Migrate(sim::Catalog::Builtin());
-  std::string range = job_uid_range.empty() ? catalog.JobUidRange() : catalog.SetJobUidRange(lo, hi);
+  std::string range =
+      job_uid_range.empty() ? catalog.JobUidRange() : catalog.SetJobUidRange(lo, hi);
   std::cout << "catalog " << RedactUrl(catalog.url()) << ": schema version " << report.from_version
             << " -> " << report.to_version;
   if (report.applied.empty()) std::cout << " (up to date)";
@@ -71,8 +72,9 @@ int CmdDbDrop(const DeleteArgs& del) {
   if (plan.other_sessions > 0)
     std::cerr << "trnflow: " << plan.other_sessions << " other sessions use " << plan.database
               << "; they are ended where this login may, else the drop is refused\n";
-  if (!Confirm("drop " + what + "? Its ledger is gone for good (back it up first: "
-               "docs/operations.md, \"Backup and restore\")",
+  if (!Confirm("drop " + what +
+                   "? Its ledger is gone for good (back it up first: "
+                   "docs/operations.md, \"Backup and restore\")",
                del.yes))
     return Declined();
   auto kept = schema::DropCatalog(url, plan);
@@ -118,8 +120,8 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
     if (!in) throw UserError("--slurm-config " + a.slurm_config + ": cannot read it");
     std::stringstream text;
     text << in.rdbuf();
-    if (std::string e = workers::slurm::ParsePartitions(text.str(), a.slurm_config, &s.partitions,
-                                                          &s.arrays);
+    if (std::string e =
+            workers::slurm::ParsePartitions(text.str(), a.slurm_config, &s.partitions, &s.arrays);
         !e.empty())
       throw UserError(e);
     std::vector<std::string> names;
@@ -150,21 +152,22 @@ void ApplySandboxArgs(const SandboxArgs& args, workers::WorkerOptions& o) {
   if (std::string e = workers::ParseJobLimits(args.job_limits, o.job_limits); !e.empty())
     throw UserError("--job-limits: " + e);
   const ExecutorArgs& ex = args.executor;
-  if (ex.executor != "slurm" && (!ex.partition.empty() || !ex.account.empty() ||
-                                 !ex.shared_dir.empty() || ex.spot_partition ||
-                                 !ex.slurm_config.empty()))
-    throw UserError("--partition, --account, --shared-dir, --spot-partition and --slurm-config "
-                    "are for --executor slurm");
+  if (ex.executor != "slurm" &&
+      (!ex.partition.empty() || !ex.account.empty() || !ex.shared_dir.empty() ||
+       ex.spot_partition || !ex.slurm_config.empty()))
+    throw UserError(
+        "--partition, --account, --shared-dir, --spot-partition and --slurm-config "
+        "are for --executor slurm");
   // What runs the stages: this host, or one Slurm batch job per attempt for every stage.
   if (ex.executor == "slurm")
-    o.executors = workers::Executors::AllOn(
-        std::make_shared<workers::SlurmExecutor>(SlurmFromArgs(ex)));
+    o.executors =
+        workers::Executors::AllOn(std::make_shared<workers::SlurmExecutor>(SlurmFromArgs(ex)));
   else
     o.executors = workers::Executors::Local();
 }
 
 int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
-              const SandboxArgs& sandbox) {
+              const std::vector<std::string>& projects, const SandboxArgs& sandbox) {
   workers::WorkerOptions o;
   ApplySandboxArgs(sandbox, o);
   o.database_url = DatabaseUrl();
@@ -186,7 +189,16 @@ int CmdWorker(const std::vector<std::string>& pool_args, double lease_s,
   }
   if (o.pools.empty()) throw UserError("give at least one --pool NAME=N, e.g. --pool cpu=4");
   // Fail fast: exit 3 when the catalog is unusable, 4 when this login is not the daemons'.
-  OpenCatalog()->RequireStageRunner("`trnflow worker`");
+  auto catalog = OpenCatalog();
+  catalog->RequireStageRunner("`trnflow worker`");
+  for (const auto& p : projects) {
+    RequireProjectName(p);
+    if (!catalog->ProjectExists(p))
+      throw UserError("--project " + p + ": no such project; `trnflow project ls` lists them");
+    if (std::find(o.projects.begin(), o.projects.end(), p) == o.projects.end())
+      o.projects.push_back(p);
+  }
+  catalog.reset();
   workers::Worker worker(o);
   worker.Start();
   WaitForSignal();
@@ -207,7 +219,8 @@ extern "C" void OnExecSignal(int sig) {
 int CmdExecStage(const std::string& dir) {
   namespace fs = std::filesystem;
   std::ifstream in(fs::path(dir) / "context.json");
-  if (!in) throw UserError(dir + "/context.json: cannot read it (exec-stage runs what a worker wrote)");
+  if (!in)
+    throw UserError(dir + "/context.json: cannot read it (exec-stage runs what a worker wrote)");
   nlohmann::json c = nlohmann::json::parse(in);
   workers::ExecContext ctx;
   ctx.spec = StageSpecFromJson(c.at("spec").dump());

@@ -1,5 +1,6 @@
 // "Why isn't my stage running?": `trnflow explain RUN STAGE`, and the warning `run`, `watch`
 // and `show` print when no live worker can run a ready stage.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,13 +23,32 @@ std::string PoolOf(const std::string& instance_type) {
   return t ? t->pool : "";
 }
 
-// Live workers that may take stages of `run_id` (not those running another run only).
-std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id) {
+bool Serves(const schema::LiveWorker& w, const std::string& project) {
+  return w.projects.empty() ||
+         std::find(w.projects.begin(), w.projects.end(), project) != w.projects.end();
+}
+
+// Live workers that may take stages of `run_id` (not those running another run only), of
+// `project` (not those reserved for other projects; any when empty).
+std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id,
+                                           const std::string& project = "") {
   std::vector<schema::LiveWorker> out;
   for (auto& w : catalog.LiveWorkers(kLiveWorkerAge))
-    if ((w.only_run == 0 || w.only_run == run_id) && w.heartbeat_age_s <= w.lease_s)
+    if ((w.only_run == 0 || w.only_run == run_id) && w.heartbeat_age_s <= w.lease_s &&
+        (project.empty() || Serves(w, project)))
       out.push_back(std::move(w));
   return out;
+}
+
+// "; 2 live worker(s) with a trn1 pool serve only other projects (--project)", or "".
+std::string ReservedElsewhere(schema::Catalog& catalog, int64_t run_id, const std::string& pool,
+                              const std::string& project) {
+  int n = 0;
+  for (const auto& w : WorkersFor(catalog, run_id))
+    if (!Serves(w, project) && w.pools.count(pool)) ++n;
+  if (n == 0) return "";
+  return "; " + std::to_string(n) + " live worker(s) with a " + pool +
+         " pool serve only other projects (`trnflow worker --project`)";
 }
 
 std::string WorkerList(const std::vector<schema::LiveWorker>& workers) {
@@ -62,7 +82,8 @@ std::string NoWorkerFor(const std::vector<schema::LiveWorker>& workers, const st
 }
 
 struct Reason {
-  std::string kind;  // run, gone, needs, worker, capacity, backoff, budget, running, done
+  // run, gone, needs, worker, capacity, share, cap, backoff, budget, running, done
+  std::string kind;
   std::string message;
 };
 
@@ -96,10 +117,10 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
       out.push_back({"budget", "its budget holds it back: " + w.last_message});
   } else if (w.state == kReady) {
     if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
-    auto workers = WorkersFor(catalog, run_id);
+    auto workers = WorkersFor(catalog, run_id, w.project);
     std::string none = NoWorkerFor(workers, w.pool, w.instance_count);
     if (!none.empty()) {
-      out.push_back({"worker", none});
+      out.push_back({"worker", none + ReservedElsewhere(catalog, run_id, w.pool, w.project)});
     } else {
       int capacity = 0, used = 0;
       for (const auto& wk : workers)
@@ -108,13 +129,42 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
           auto u = wk.in_use.find(w.pool);
           used += u == wk.in_use.end() ? 0 : u->second;
         }
-      out.push_back({"capacity", "it waits for a free slot: the live " + w.pool + " pools hold " +
+      out.push_back({"capacity", "it waits for a free slot: the live " + w.pool +
+                                     " pools serving " + w.project + " hold " +
                                      std::to_string(used) + " of " + std::to_string(capacity) +
-                                     " instances; " + std::to_string(w.queued_ahead) +
-                                     " ready stage(s) of pool " + w.pool +
-                                     " go before it (it needs " +
-                                     std::to_string(w.instance_count) + ")"});
+                                     " instances (it needs " + std::to_string(w.instance_count) +
+                                     "); about " + std::to_string(w.queued_ahead) +
+                                     " ready stage(s) go before it"});
     }
+    if (w.share) {
+      const auto& s = *w.share;
+      char weight[32];
+      std::snprintf(weight, sizeof weight, "%g", s.weight);
+      out.push_back(
+          {"share", "project " + w.project + " holds " + std::to_string(s.running_in_pool) +
+                        " of the " + std::to_string(s.pool_running) + " " + w.pool +
+                        " instances in use (weight " + weight +
+                        "); a free slot goes to the project furthest below its weighted share. "
+                        "Before this stage: " +
+                        std::to_string(s.ahead_in_project) + " ready stage(s) of " + w.project +
+                        " (priority, then age) and about " + std::to_string(s.ahead_elsewhere) +
+                        " of the " + std::to_string(s.projects_waiting) +
+                        " other project(s) waiting in the pool"});
+    }
+    if (w.share && w.share->max_running && w.share->running >= *w.share->max_running)
+      out.push_back({"cap", "project " + w.project +
+                                " is at its cap: " + std::to_string(w.share->running) +
+                                " of at most " + std::to_string(*w.share->max_running) +
+                                " stages run; the next starts when one ends (`trnflow project "
+                                "update " +
+                                w.project + " --max-running N` changes it)"});
+    if (w.share && w.share->pool_max_running &&
+        w.share->running_stages_in_pool >= *w.share->pool_max_running)
+      out.push_back({"cap", "project " + w.project + " is at its " + w.pool +
+                                " cap: " + std::to_string(w.share->running_stages_in_pool) +
+                                " of at most " + std::to_string(*w.share->pool_max_running) + " " +
+                                w.pool + " stages run (`trnflow project update " + w.project +
+                                " --max-running " + w.pool + "=N` changes it)"});
     for (const auto& b : catalog.ProjectBudgets(w.project))
       if (b.spent >= b.amount)
         out.push_back({"budget", "project " + w.project + "'s " + b.period + " budget of " +
@@ -143,12 +193,11 @@ std::optional<std::string> HolderGone(schema::Catalog& catalog, int64_t run_id) 
   std::string who = h->registered ? "the process running this run (pid " + std::to_string(h->pid) +
                                         " on " + h->host + ")"
                                   : "the `trnflow run` that submitted this run";
-  std::string how = !h->registered ? "never started executing it"
-                    : h->stopped   ? "has stopped"
-                                   : "is gone: silent for " +
-                                       std::to_string(static_cast<int>(h->heartbeat_age_s)) +
-                                       "s, past its " +
-                                       std::to_string(static_cast<int>(h->lease_s)) + "s lease";
+  std::string how =
+      !h->registered ? "never started executing it"
+      : h->stopped   ? "has stopped"
+                   : "is gone: silent for " + std::to_string(static_cast<int>(h->heartbeat_age_s)) +
+                         "s, past its " + std::to_string(static_cast<int>(h->lease_s)) + "s lease";
   return who + " " + how + "; continue it with `trnflow watch " + std::to_string(run_id) +
          " --execute` (or a `trnflow scheduler` hands it to the worker daemons)";
 }
@@ -171,7 +220,9 @@ std::vector<std::string> UnrunnableStages(schema::Catalog& catalog, int64_t run_
   for (const auto& [key, names] : ready) {
     std::string none = NoWorkerFor(workers, key.first, key.second);
     if (none.empty()) continue;
-    std::string list = names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+    std::string list =
+        names.front() +
+        (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
     out.push_back(list + " cannot start: " + none);
   }
   return out;
@@ -189,7 +240,8 @@ std::vector<std::string> ExplainStageLines(schema::Catalog& catalog, int64_t run
 int CmdExplain(const std::string& run_text, const std::string& stage, const std::string& format) {
   int64_t run_id = ParseRunId(run_text);
   auto catalog = OpenCatalog();
-  if (!catalog->GetRun(run_id)) throw UserError("no run " + run_text + "; `trnflow runs` lists them");
+  if (!catalog->GetRun(run_id))
+    throw UserError("no run " + run_text + "; `trnflow runs` lists them");
   auto w = catalog->ExplainStage(run_id, stage);
   if (!w) {
     std::vector<std::string> names;

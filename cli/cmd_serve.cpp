@@ -1,12 +1,12 @@
 // trnflow serve / workers: the dashboard (serve/), wired to the JSON the data commands print,
 // and the workers' list it shows.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "common/env.h"
@@ -143,8 +143,8 @@ std::vector<schema::MetricRow> ExtraMetrics(schema::Catalog& catalog) {
             std::chrono::duration<double>(s.last_slot_epoch)));
     auto due = scheduler::NextSlot(*cron, s.tz, last);
     double lag = due && *due < now ? std::chrono::duration<double>(now - *due).count() : 0;
-    out.push_back({"trnflow_schedule_lag_seconds", nlohmann::json({{"schedule", s.name}}).dump(),
-                   lag});
+    out.push_back(
+        {"trnflow_schedule_lag_seconds", nlohmann::json({{"schedule", s.name}}).dump(), lag});
   }
   auto usd = [](Money m) { return static_cast<double>(m.micros()) / 1e6; };
   for (const auto& b : catalog.BudgetForecasts()) {
@@ -176,6 +176,7 @@ nlohmann::ordered_json WorkersJson(schema::Catalog& catalog) {
                    {"state", w.heartbeat_age_s > w.lease_s ? "dead" : "live"},
                    {"heartbeat_age_seconds", std::round(w.heartbeat_age_s * 10) / 10},
                    {"only_run_id", IdOrNull(w.only_run)},
+                   {"projects", w.projects},
                    {"pools", pools}});
   }
   return out;
@@ -202,12 +203,16 @@ int CmdWorkers(const std::string& format) {
                std::to_string(p["capacity"].get<int>());
     char age[32];
     std::snprintf(age, sizeof age, "%.1fs", w["heartbeat_age_seconds"].get<double>());
+    std::string projects;
+    for (const auto& p : w["projects"])
+      projects += (projects.empty() ? "" : ",") + p.get<std::string>();
     rows.push_back({w["worker_id"].get<std::string>().substr(0, 8), w["host"],
                     std::to_string(w["pid"].get<int>()), w["state"], age, pools,
-                    w["only_run_id"].is_null() ? "" : w["only_run_id"].get<std::string>()});
+                    w["only_run_id"].is_null() ? "" : w["only_run_id"].get<std::string>(),
+                    projects.empty() ? "all" : projects});
   }
   std::cout << Table({"WORKER", "HOST", ">PID", "STATE", ">HEARTBEAT", "POOLS (IN USE/CAPACITY)",
-                      "ONLY RUN"},
+                      "ONLY RUN", "PROJECTS"},
                      rows);
   return kExitOk;
 }
@@ -220,7 +225,8 @@ int CmdWorkersForget(const std::string& which, const std::string& format) {
                     " (live workers are never forgotten); `trnflow workers` lists them");
   if (format == "json") {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
-    for (const auto& w : gone) out.push_back({{"worker_id", w.id}, {"host", w.host}, {"pid", w.pid}});
+    for (const auto& w : gone)
+      out.push_back({{"worker_id", w.id}, {"host", w.host}, {"pid", w.pid}});
     std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
@@ -258,7 +264,8 @@ int CmdServe(const ServeArgs& a) {
     }
     return std::optional<std::string>(RunsJson(c, q).dump());
   };
-  o.views["run"] = [](schema::Catalog& c, const serve::ApiRequest& r) -> std::optional<std::string> {
+  o.views["run"] = [](schema::Catalog& c,
+                      const serve::ApiRequest& r) -> std::optional<std::string> {
     // ?collapse=1: matrix fan-outs as one entry each (`show --collapse`) but those ?expand=
     // names (comma-separated; "all": none), the run page's reading.
     std::optional<std::set<std::string>> collapse;
@@ -295,7 +302,8 @@ int CmdServe(const ServeArgs& a) {
   o.views["savings"] = [](schema::Catalog& c, const serve::ApiRequest& r) {
     return std::optional<std::string>(SavingsJson(c, SpendFilters(r)).dump());
   };
-  o.views["log"] = [](schema::Catalog& c, const serve::ApiRequest& r) -> std::optional<std::string> {
+  o.views["log"] = [](schema::Catalog& c,
+                      const serve::ApiRequest& r) -> std::optional<std::string> {
     auto j = StageLogJson(c, r);
     if (!j) return std::nullopt;
     // A log is bytes: what is not UTF-8 is shown as U+FFFD rather than refused.
@@ -313,14 +321,14 @@ int CmdServe(const ServeArgs& a) {
     }
     std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
     std::string url = "http://" + host + ":" + std::to_string(port) + "/";
-    std::cout << "trnflow serve: listening on " << url << " (auth " << a.auth
-              << "; Ctrl-C stops)" << std::endl;
+    std::cout << "trnflow serve: listening on " << url << " (auth " << a.auth << "; Ctrl-C stops)"
+              << std::endl;
     if (o.auth == serve::Auth::kLocal) {
       // As Jupyter does: the address with the token, for the operator who started it. Only
       // on a terminal: a service's output goes to logs others may read.
       if (isatty(STDOUT_FILENO))
-        std::cout << "trnflow serve: open " << url << "?token=" << serve::LoadOrCreateSecret(
-                                                                       o.token_file, "--token-file")
+        std::cout << "trnflow serve: open " << url
+                  << "?token=" << serve::LoadOrCreateSecret(o.token_file, "--token-file")
                   << std::endl;
       else
         std::cout << "trnflow serve: the token is in " << o.token_file << " (open " << url

@@ -54,8 +54,11 @@ nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& a) {
 
 nlohmann::ordered_json SavingsJson(schema::Catalog& catalog, const SpendArgs& a) {
   if (!a.by.empty()) throw UserError("--savings is by project; leave out --by");
-  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
-                       ReadDateFlag("--until", a.until), {}};
+  schema::SpendQuery q{a.project,
+                       a.pipeline,
+                       ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until),
+                       {}};
   RequireProject(catalog, a.project);
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& r : catalog.Savings(q))
@@ -80,8 +83,11 @@ int PrintSavings(schema::Catalog& catalog, const SpendArgs& a) {
     return kExitOk;
   }
   if (!a.by.empty()) throw UserError("--savings is by project; leave out --by");
-  schema::SpendQuery q{a.project, a.pipeline, ReadDateFlag("--since", a.since),
-                       ReadDateFlag("--until", a.until), {}};
+  schema::SpendQuery q{a.project,
+                       a.pipeline,
+                       ReadDateFlag("--since", a.since),
+                       ReadDateFlag("--until", a.until),
+                       {}};
   RequireProject(catalog, a.project);
   auto rows = catalog.Savings(q);
   if (a.format == "csv") {
@@ -222,17 +228,9 @@ int CmdEvents(const EventsArgs& a) {
   }
   std::vector<std::vector<std::string>> table;
   for (const auto& e : rows)
-    table.push_back({e.at, e.kind, e.project, e.run_id ? std::to_string(e.run_id) : "",
-                     e.message});
+    table.push_back({e.at, e.kind, e.project, e.run_id ? std::to_string(e.run_id) : "", e.message});
   std::cout << Table({"AT", "KIND", "PROJECT", ">RUN", "WHAT"}, table);
   return kExitOk;
-}
-
-// The project naming rule, checked before the catalog is asked (which checks it too).
-static void RequireProjectName(const std::string& name) {
-  static const std::regex rule("[a-z0-9][a-z0-9_-]{0,62}");
-  if (!std::regex_match(name, rule))
-    throw UserError("invalid project name '" + name + "': " + pipelines::ProjectNameHint(name));
 }
 
 // Budgets are the site's: members read them (`budget ls`) and may not change them, as in
@@ -345,20 +343,92 @@ int CmdBudgetList(const std::string& format) {
   return kExitOk;
 }
 
+namespace {
+
+// `--max-running` values: N, none, POOL=N, POOL=none.
+schema::ProjectShare ShareFromArgs(const ProjectShareArgs& args) {
+  schema::ProjectShare share;
+  share.weight = args.weight;
+  for (const auto& v : args.max_running) {
+    auto eq = v.find('=');
+    std::string pool = eq == std::string::npos ? "" : v.substr(0, eq);
+    std::string n = eq == std::string::npos ? v : v.substr(eq + 1);
+    int cap = -1;
+    if (n != "none") {
+      size_t used = 0;
+      try {
+        cap = std::stoi(n, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != n.size() || cap < 0 || cap > 1000000)
+        throw UserError("--max-running " + v +
+                        ": expected N, POOL=N or none, with N from 0 to 1000000 stages, e.g. "
+                        "--max-running 8 or --max-running trn1=4");
+    }
+    if (pool.empty()) {
+      share.max_running = cap;
+    } else {
+      CheckPoolName(pool, "--max-running " + v);
+      share.pool_max_running[pool] = cap;
+    }
+  }
+  return share;
+}
+
+// "weight 2, at most 8 running (trn1: 4)".
+std::string ShareText(const schema::ProjectRow& p) {
+  std::ostringstream out;
+  out << "weight " << p.weight;
+  if (p.max_running) out << ", at most " << *p.max_running << " running";
+  std::string pools;
+  for (const auto& [pool, cap] : p.pool_max_running)
+    pools += (pools.empty() ? "" : ", ") + pool + ": " + std::to_string(cap);
+  if (!pools.empty()) out << (p.max_running ? " (" : ", at most (") << pools << ")";
+  return out.str();
+}
+
+bool Changes(const ProjectShareArgs& args) {
+  return args.weight.has_value() || !args.max_running.empty();
+}
+
+}  // namespace
+
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
                   std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
-                  std::optional<int64_t> job_uid) {
+                  std::optional<int64_t> job_uid, const ProjectShareArgs& share_args) {
   RequireProjectName(name);
+  schema::ProjectShare share = ShareFromArgs(share_args);
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::string role = catalog->AddProject(name, members);
   if (max_stages_per_run || max_queued_stages || job_uid)
     catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages, job_uid);
+  if (Changes(share_args)) catalog->SetProjectShare(name, share);
   std::cout << "project " << name << ": group role " << role;
   if (!members.empty()) {
     std::cout << ", members";
     for (const auto& m : members) std::cout << " " << m;
   }
   std::cout << "\n";
+  return kExitOk;
+}
+
+int CmdProjectUpdate(const std::string& name, std::optional<int> max_stages_per_run,
+                     std::optional<int> max_queued_stages, std::optional<int64_t> job_uid,
+                     const ProjectShareArgs& share_args) {
+  RequireProjectName(name);
+  schema::ProjectShare share = ShareFromArgs(share_args);
+  if (!Changes(share_args) && !max_stages_per_run && !max_queued_stages && !job_uid)
+    throw UserError("project update " + name +
+                    ": nothing to change; say --weight, --max-running, --max-stages-per-run, "
+                    "--max-queued-stages or --job-uid");
+  auto catalog = OpenCatalog(CatalogLogin::kAdmin);
+  // The share first: it says when the project does not exist.
+  catalog->SetProjectShare(name, share);
+  if (max_stages_per_run || max_queued_stages || job_uid)
+    catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages, job_uid);
+  for (const auto& p : catalog->ListProjects(/*with_share=*/true))
+    if (p.name == name) std::cout << "project " << name << ": " << ShareText(p) << "\n";
   return kExitOk;
 }
 
@@ -374,18 +444,24 @@ int CmdProjectList(const std::string& format) {
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
   std::vector<std::vector<std::string>> rows;
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& p : catalog->ListProjects()) {
+  for (const auto& p : catalog->ListProjects(/*with_share=*/true)) {
     std::string members;
     for (const auto& m : p.members) {
       bool reads_only = std::find(p.readers.begin(), p.readers.end(), m) != p.readers.end();
       members += (members.empty() ? "" : ", ") + m + (reads_only ? " (read)" : "");
     }
-    rows.push_back({p.name, p.role, members, std::to_string(p.runs)});
+    rows.push_back({p.name, p.role, members, std::to_string(p.runs), ShareText(p)});
+    nlohmann::ordered_json caps = nlohmann::ordered_json::object();
+    for (const auto& [pool, cap] : p.pool_max_running) caps[pool] = cap;
     out.push_back({{"project", p.name},
                    {"role", p.role},
                    {"members", p.members},
                    {"readers", p.readers},
-                   {"runs", p.runs}});
+                   {"runs", p.runs},
+                   {"weight", p.weight},
+                   {"max_running", p.max_running ? nlohmann::ordered_json(*p.max_running)
+                                                 : nlohmann::ordered_json(nullptr)},
+                   {"pool_max_running", caps}});
   }
   if (format == "json") {
     std::cout << out.dump(2) << "\n";
@@ -395,7 +471,7 @@ int CmdProjectList(const std::string& format) {
     std::cout << "no projects; add one with `trnflow project add NAME`\n";
     return kExitOk;
   }
-  std::cout << Table({"PROJECT", "ROLE", "MEMBERS", ">RUNS"}, rows);
+  std::cout << Table({"PROJECT", "ROLE", "MEMBERS", ">RUNS", "SHARE"}, rows);
   return kExitOk;
 }
 

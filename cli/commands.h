@@ -51,7 +51,8 @@ struct ArchiveArgs {
   DeleteArgs del;
 };
 int CmdDbArchive(const ArchiveArgs& args);
-int CmdWorker(const std::vector<std::string>& pools, double lease_s, const SandboxArgs& sandbox);
+int CmdWorker(const std::vector<std::string>& pools, double lease_s,
+              const std::vector<std::string>& projects, const SandboxArgs& sandbox);
 // Runs one simulated attempt described by DIR/context.json in this process, printing
 // ::progress and ::checkpoint lines, and writes DIR/result.json: what a Slurm job runs for a
 // simulated stage (docs/executors.md). Hidden from --help: the worker's tool, not a person's.
@@ -67,9 +68,17 @@ int CmdEvents(const EventsArgs& args);
 int CmdBudgetSet(const std::string& project, const std::string& usd, const std::string& period);
 int CmdBudgetRemove(const std::string& project, const DeleteArgs& del);
 int CmdBudgetList(const std::string& format);
+// `--weight W` and `--max-running N|POOL=N|none` (repeatable) of `project add` and `update`.
+struct ProjectShareArgs {
+  std::optional<double> weight;
+  std::vector<std::string> max_running;
+};
 int CmdProjectAdd(const std::string& name, const std::vector<std::string>& members,
                   std::optional<int> max_stages_per_run, std::optional<int> max_queued_stages,
-                  std::optional<int64_t> job_uid);
+                  std::optional<int64_t> job_uid, const ProjectShareArgs& share);
+int CmdProjectUpdate(const std::string& name, std::optional<int> max_stages_per_run,
+                     std::optional<int> max_queued_stages, std::optional<int64_t> job_uid,
+                     const ProjectShareArgs& share);
 int CmdProjectGrant(const std::string& project, const std::string& role, bool write);
 int CmdProjectList(const std::string& format);
 
@@ -113,12 +122,12 @@ nlohmann::json RunsJson(schema::Catalog& catalog, const schema::RunsQuery& query
 std::optional<nlohmann::json> ShowJson(
     schema::Catalog& catalog, int64_t run_id,
     const std::optional<std::set<std::string>>& collapse = std::nullopt);
-nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& args);  // spend
+nlohmann::ordered_json SpendJson(schema::Catalog& catalog, const SpendArgs& args);    // spend
 nlohmann::ordered_json SavingsJson(schema::Catalog& catalog, const SpendArgs& args);  // --savings
-nlohmann::ordered_json BudgetsJson(schema::Catalog& catalog);                        // budget ls
-nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                     // cache ls
-nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                  // schedule ls
-nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                       // workers
+nlohmann::ordered_json BudgetsJson(schema::Catalog& catalog);                         // budget ls
+nlohmann::ordered_json CacheListJson(schema::Catalog& catalog);                       // cache ls
+nlohmann::ordered_json ScheduleListJson(schema::Catalog& catalog);                    // schedule ls
+nlohmann::ordered_json WorkersJson(schema::Catalog& catalog);                         // workers
 int CmdWorkers(const std::string& format);
 int CmdWorkersForget(const std::string& which, const std::string& format);  // `workers forget`
 int CmdServe(const ServeArgs& args);

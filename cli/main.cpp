@@ -274,12 +274,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"table", "csv", "json"}));
   spend->add_flag("--savings", spend_args.savings,
                   "what was saved, by project: spot against on-demand, cache hits, and Neuron "
-                  "against the GPU baseline (" + std::string(sim::kGpuBaseline) + ")");
+                  "against the GPU baseline (" +
+                      std::string(sim::kGpuBaseline) + ")");
 
   EventsArgs events_args;
   auto* events = app.add_subcommand(
-      "events", "what happened to money and stages: budget thresholds and stops, interruptions, "
-                "lost attempts");
+      "events",
+      "what happened to money and stages: budget thresholds and stops, interruptions, "
+      "lost attempts");
   events->add_option("--project", events_args.project, "only this project");
   events->add_option("--run", events_args.run, "only this run");
   events->add_option("--since", events_args.since, "from this day (YYYY-MM-DD) or time ago (7d)");
@@ -329,6 +331,28 @@ int main(int argc, char** argv) {
                    "the uid the project's jobs run as on every worker (default: the next "
                    "free from 200001)")
       ->check(CLI::Range(int64_t{1000}, int64_t{2147483646}));
+  ProjectShareArgs project_share;
+  auto* project_update = project->add_subcommand(
+      "update", "change a project's share of the fleet (weight, caps) and quotas");
+  project_update->add_option("NAME", project_name, "project name")->required();
+  for (auto* cmd : {project_add, project_update}) {
+    cmd->add_option("--weight", project_share.weight,
+                    "its share of each pool against other projects' (default 1): weight 2 runs "
+                    "twice the stages of weight 1 when both wait")
+        ->check(CLI::Range(0.01, 1000.0));
+    cmd->add_option("--max-running", project_share.max_running,
+                    "at most N of its stages run at once: N (all pools), POOL=N (one pool), "
+                    "none or POOL=none to remove (repeatable)");
+  }
+  project_update->add_option("--max-stages-per-run", max_stages_per_run, "quota: stages in one run")
+      ->check(CLI::Range(1, 100000000));
+  project_update
+      ->add_option("--max-queued-stages", max_queued_stages,
+                   "quota: unfinished stages over the project's runs")
+      ->check(CLI::Range(1, 1000000000));
+  project_update
+      ->add_option("--job-uid", job_uid, "the uid the project's jobs run as on every worker")
+      ->check(CLI::Range(int64_t{1000}, int64_t{2147483646}));
   std::string grant_role;
   bool grant_read = false, grant_write = false;
   auto* project_grant = project->add_subcommand(
@@ -362,8 +386,9 @@ int main(int argc, char** argv) {
   std::string sched_format = "table";
   AddFormat(sched_ls, sched_format);
   auto* sched_show = schedule->add_subcommand(
-      "show", "a schedule: its pipeline snapshot, params, next slots, last fire, and whether "
-              "the file differs from the snapshot");
+      "show",
+      "a schedule: its pipeline snapshot, params, next slots, last fire, and whether "
+      "the file differs from the snapshot");
   sched_show->add_option("NAME", sched_name, "schedule")->required();
   AddFormat(sched_show, sched_format);
   ScheduleUpdateArgs sched_update_args;
@@ -378,8 +403,9 @@ int main(int argc, char** argv) {
   sched_update->add_option("--cron", sched_update_args.cron, "a new cron expression");
   sched_update->add_option("--tz", sched_update_args.tz, "a new IANA time zone");
   auto* sched_run = schedule->add_subcommand(
-      "run", "fire a schedule now, as its cron would (its snapshot and params); its cron slots "
-             "are unchanged");
+      "run",
+      "fire a schedule now, as its cron would (its snapshot and params); its cron slots "
+      "are unchanged");
   sched_run->add_option("NAME", sched_name, "schedule")->required();
   AddFormat(sched_run, sched_format);
   auto* sched_pause = schedule->add_subcommand("pause", "stop firing a schedule");
@@ -438,18 +464,21 @@ int main(int argc, char** argv) {
   auto* db = app.add_subcommand("db", "catalog administration");
   db->require_subcommand(1);
   auto* db_drop = db->add_subcommand(
-      "drop", "drop the catalog: its database and the roles made for it (not the owner's role, "
-              "nor people's logins)");
+      "drop",
+      "drop the catalog: its database and the roles made for it (not the owner's role, "
+      "nor people's logins)");
   DeleteArgs db_drop_args;
   AddDeleteOptions(db_drop, db_drop_args);
   auto* db_archive = db->add_subcommand(
-      "archive", "dump one past UTC month of the ledger (its partition) to a file, check the "
-                 "file, then drop the month from the catalog");
+      "archive",
+      "dump one past UTC month of the ledger (its partition) to a file, check the "
+      "file, then drop the month from the catalog");
   ArchiveArgs archive_args;
   db_archive->add_option("--month", archive_args.month, "the month, YYYY-MM (UTC; a past month)")
       ->required();
-  db_archive->add_option("--file", archive_args.file,
-                         "the dump (pg_dump --format=custom); default trnflow-attempts-YYYY-MM.dump");
+  db_archive->add_option(
+      "--file", archive_args.file,
+      "the dump (pg_dump --format=custom); default trnflow-attempts-YYYY-MM.dump");
   db_archive->add_flag("--keep", archive_args.keep, "dump and check only; keep the partition");
   AddDeleteOptions(db_archive, archive_args.del);
   auto* migrate = db->add_subcommand("migrate", "apply pending migrations (safe concurrently)");
@@ -465,6 +494,10 @@ int main(int argc, char** argv) {
       ->required();
   worker->add_option("--lease", lease,
                      "lease length: 15s (default), 1m; from 1s to 1h (a bare number is seconds)");
+  std::vector<std::string> worker_projects;
+  worker->add_option("--project", worker_projects,
+                     "serve only this project (repeatable): capacity reserved for it; by "
+                     "default a worker serves every project");
   SandboxArgs worker_sandbox;
   AddSandboxOptions(worker, worker_sandbox);
 
@@ -494,10 +527,11 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--listen", serve_args.listen,
                         "HOST:PORT to listen on (default 127.0.0.1:8080; port 0: any free one), "
                         "or unix:PATH (--auth local: a socket only this user and root reach)");
-  serve_cmd->add_option("--auth", serve_args.auth,
-                        "local (default: the operator, with the token in --token-file; loopback "
-                        "only) or proxy (a reverse proxy adds the secret in --proxy-secret-file "
-                        "and names the user in --user-header; docs/serve.md)")
+  serve_cmd
+      ->add_option("--auth", serve_args.auth,
+                   "local (default: the operator, with the token in --token-file; loopback "
+                   "only) or proxy (a reverse proxy adds the secret in --proxy-secret-file "
+                   "and names the user in --user-header; docs/serve.md)")
       ->check(CLI::IsMember({"local", "proxy"}));
   serve_cmd->add_option("--user-header", serve_args.options.user_header,
                         "--auth proxy: the header naming the PostgreSQL role (default "
@@ -511,22 +545,27 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--allowed-host", serve_args.options.allowed_hosts,
                         "a Host name requests may give besides the listen address (and "
                         "localhost on loopback); repeat for more");
-  serve_cmd->add_option("--header-timeout", serve_args.options.header_timeout_s,
-                        "seconds a request's line and headers may take to arrive (default 10)")
+  serve_cmd
+      ->add_option("--header-timeout", serve_args.options.header_timeout_s,
+                   "seconds a request's line and headers may take to arrive (default 10)")
       ->check(FiniteRange(0.5, 300));
-  serve_cmd->add_option("--max-pending-per-client", serve_args.options.max_pending_per_client,
-                        "connections from one address that have not yet presented the token or "
-                        "the proxy secret, at once; more get 429 (default 16)")
+  serve_cmd
+      ->add_option("--max-pending-per-client", serve_args.options.max_pending_per_client,
+                   "connections from one address that have not yet presented the token or "
+                   "the proxy secret, at once; more get 429 (default 16)")
       ->check(CLI::Range(1, 4096));
-  serve_cmd->add_option("--max-clients", serve_args.options.max_clients,
-                        "live event streams at once (default 64)")
+  serve_cmd
+      ->add_option("--max-clients", serve_args.options.max_clients,
+                   "live event streams at once (default 64)")
       ->check(CLI::Range(1, 4096));
-  serve_cmd->add_option("--heartbeat", serve_args.options.heartbeat_s,
-                        "seconds between keep-alive lines on an idle event stream (default 15)")
+  serve_cmd
+      ->add_option("--heartbeat", serve_args.options.heartbeat_s,
+                   "seconds between keep-alive lines on an idle event stream (default 15)")
       ->check(FiniteRange(0.1, 300));
-  serve_cmd->add_option("--stream-lifetime", serve_args.options.stream_lifetime_s,
-                        "seconds an event stream lasts before the browser reconnects and resumes "
-                        "from its last event (default 300)")
+  serve_cmd
+      ->add_option("--stream-lifetime", serve_args.options.stream_lifetime_s,
+                   "seconds an event stream lasts before the browser reconnects and resumes "
+                   "from its last event (default 300)")
       ->check(FiniteRange(1, 86400));
 
   try {
@@ -593,7 +632,10 @@ int main(int argc, char** argv) {
     if (budget_rm->parsed()) return CmdBudgetRemove(budget_project, budget_rm_args);
     if (project_add->parsed())
       return CmdProjectAdd(project_name, project_members, max_stages_per_run, max_queued_stages,
-                           job_uid);
+                           job_uid, project_share);
+    if (project_update->parsed())
+      return CmdProjectUpdate(project_name, max_stages_per_run, max_queued_stages, job_uid,
+                              project_share);
     if (project_grant->parsed()) {
       if (!grant_read && !grant_write) throw UserError("say --read or --write");
       return CmdProjectGrant(project_name, grant_role, grant_write);
@@ -606,7 +648,7 @@ int main(int argc, char** argv) {
       if (lease.empty() || *end != '\0') lease_s = ParseDurationFlag("--lease", lease);
       if (!std::isfinite(lease_s) || lease_s < 1 || lease_s > 3600)
         throw UserError("--lease " + lease + ": must be from 1s to 1h");
-      return CmdWorker(worker_pools, lease_s, worker_sandbox);
+      return CmdWorker(worker_pools, lease_s, worker_projects, worker_sandbox);
     }
     if (sched->parsed()) return CmdScheduler();
     if (exec_stage->parsed()) return CmdExecStage(exec_stage_dir);

@@ -97,6 +97,7 @@ std::string ToJson(const StageSpec& s) {
   if (s.checkpoint != d.checkpoint)
     j["checkpoint"] = {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}};
   if (s.timeout_s != d.timeout_s) j["timeout_s"] = s.timeout_s;
+  if (s.priority != d.priority) j["priority"] = s.priority;
   if (s.cache) j["cache"] = true;
   if (!s.cache_key.empty()) j["cache_key"] = s.cache_key;
   if (!s.cache_inputs.empty()) j["cache_inputs"] = s.cache_inputs;
@@ -115,7 +116,8 @@ StageSpec StageSpecFromJson(std::string_view text) {
     if (auto c = j.find("command"); c != j.end()) {
       if (c->contains("argv")) s.command.argv = c->at("argv").get<std::vector<std::string>>();
       s.command.shell = c->value("shell", false);
-      if (c->contains("env")) s.command.env = c->at("env").get<std::map<std::string, std::string>>();
+      if (c->contains("env"))
+        s.command.env = c->at("env").get<std::map<std::string, std::string>>();
       if (c->contains("secrets"))
         s.command.secrets = c->at("secrets").get<std::vector<std::string>>();
       if (c->contains("outputs") && !c->at("outputs").is_null())
@@ -139,6 +141,7 @@ StageSpec StageSpecFromJson(std::string_view text) {
       s.checkpoint.on_notice = c->at("on_notice").get<bool>();
     }
     s.timeout_s = j.value("timeout_s", 0.0);
+    s.priority = j.value("priority", 0);
     s.cache = j.value("cache", false);
     s.cache_key = j.value("cache_key", "");
     s.cache_inputs = j.value("cache_inputs", "");

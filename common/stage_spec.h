@@ -100,6 +100,9 @@ struct StageSpec {
   RetryPolicy retry;
   CheckpointPolicy checkpoint;
   double timeout_s = 0;  // 0: none
+  // Order among the project's own ready stages (higher first; -1000..1000): `priority:` of the
+  // stage, else of its pipeline. Never in a cache key; never ahead of another project's share.
+  int priority = 0;
   // Compile stages: the key is known from the file (sha256 of cache_inputs, the canonical JSON
   // of everything that changes the graph). Other stages with cache: true get theirs when they
   // run, over their kind, parameters and the digests of what they consume.

@@ -108,6 +108,7 @@ class Parser {
   Pipeline p_;
   YamlDoc doc_;  // the file's YAML; every YamlNode below points into it
   YamlNode defaults_;
+  int priority_ = 0;  // the pipeline's `priority:`, every stage's unless it says its own
   std::map<std::string, std::vector<std::string>> expansions_;  // base name -> expanded names
   std::map<std::string, std::vector<std::pair<std::string, Loc>>> raw_needs_;  // expanded name
 };

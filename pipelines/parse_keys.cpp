@@ -7,11 +7,12 @@
 
 namespace trnflow::pipelines::parse {
 
-const std::vector<std::string> kRootKeys = {"pipeline",   "project",    "description", "params",
-                                            "budget_usd", "simulation", "defaults",    "stages"};
-const std::vector<std::string> kCommonStageKeys = {"kind",   "needs", "instance",   "count",
-                                                   "market", "retry", "checkpoint", "timeout",
-                                                   "cache",  "env",   "matrix",     "description"};
+const std::vector<std::string> kRootKeys = {"pipeline",   "project",    "description",
+                                            "params",     "budget_usd", "priority",
+                                            "simulation", "defaults",   "stages"};
+const std::vector<std::string> kCommonStageKeys = {
+    "kind",    "needs", "instance", "count",  "market",      "retry",   "checkpoint",
+    "timeout", "cache", "env",      "matrix", "description", "priority"};
 const std::vector<std::string> kDefaultsKeys = {"instance",   "count",   "market", "retry",
                                                 "checkpoint", "timeout", "cache",  "env"};
 // The fields of the mappings nested in a pipeline, by the key that holds them (in the root,

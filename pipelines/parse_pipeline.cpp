@@ -214,11 +214,12 @@ LoadResult Parser::Run() {
   }
   if (!p_.project.empty() && !std::regex_match(p_.project, kProjectName))
     diags_.Error(root["project"] && options_.project.empty() ? At(root["project"]) : Loc{},
-                 "invalid project name '" + p_.project + "'",
-                 ProjectNameHint(p_.project));
+                 "invalid project name '" + p_.project + "'", ProjectNameHint(p_.project));
   if (root["budget_usd"])
     if (auto v = Number(root["budget_usd"], "budget_usd", top, 0.01, 1e9))
       p_.budget = Money::FromUsd(*v);
+  if (root["priority"])
+    if (auto v = Integer(root["priority"], "priority", top, -1000, 1000)) priority_ = *v;
   if (const YamlNode& sim = root["simulation"]) {
     if (ExpectMap(sim, "simulation")) {
       CheckMap(sim, NestedKeys("simulation"), "simulation");

@@ -95,6 +95,9 @@ void Parser::ParseStage(const std::string& name, Loc name_loc, const YamlNode& n
   if (YamlNode c = Field(n, "checkpoint")) ParseCheckpoint(c, scope, &st.spec.checkpoint);
   if (YamlNode t = Field(n, "timeout"))
     if (auto v = Duration(t, "timeout", scope)) st.spec.timeout_s = *v;
+  st.spec.priority = priority_;
+  if (const YamlNode& p = n["priority"])
+    if (auto v = Integer(p, "priority", scope, -1000, 1000)) st.spec.priority = *v;
   st.spec.cache = *kind == StageKind::kCompile;
   if (YamlNode c = Field(n, "cache"))
     if (auto v = Bool(c, "cache", scope)) st.spec.cache = *v;

@@ -71,7 +71,8 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   // without a heartbeat before it is dead.
   void RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
                       const std::string& pools_json, int64_t only_run = 0,
-                      const std::string& home = "", double lease_s = 15);
+                      const std::string& home = "", double lease_s = 15,
+                      const std::vector<std::string>& projects = {});
   // Workers that heartbeated in the last `max_age_s` seconds and have not stopped.
   std::vector<LiveWorker> LiveWorkers(double max_age_s);
   // Removes workers that are not live (all; or those whose id or host is `which`); returns
@@ -87,7 +88,8 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
                                              const std::string& worker_id,
                                              const std::string& worker_name, double lease_s,
-                                             int64_t only_run = 0, int max_stages = 0);
+                                             int64_t only_run = 0, int max_stages = 0,
+                                             const std::vector<std::string>& projects = {});
   // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
   // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
   // limits are left out of the answer.
@@ -107,9 +109,9 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   // each of `claims`, in one transaction (worker_catalog.h; ClaimRequest and Committed are
   // WorkerCatalog's).
   Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
-                             const std::vector<ClaimRequest>& claims,
-                             const std::string& worker_id, const std::string& worker_name,
-                             double lease_s, int64_t only_run = 0);
+                             const std::vector<ClaimRequest>& claims, const std::string& worker_id,
+                             const std::string& worker_name, double lease_s, int64_t only_run = 0,
+                             const std::vector<std::string>& projects = {});
 
   // Releases runs whose holder (`trnflow run`, `watch --execute`) is gone: daemon workers may
   // take their stages. Returns how many.
@@ -205,7 +207,11 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   // UserError when the uid is another project's or outside the catalog's job uid range.
   void SetProjectQuotas(const std::string& project, std::optional<int> max_stages_per_run,
                         std::optional<int> max_queued_stages, std::optional<int64_t> job_uid);
-  std::vector<ProjectRow> ListProjects();
+  // Sets the project's weight and caps on running stages (ProjectShare). Owner only. UserError
+  // for a project that does not exist.
+  void SetProjectShare(const std::string& project, const ProjectShare& share);
+  // `with_share`: also each project's weight and caps (the owner's and the daemons' to read).
+  std::vector<ProjectRow> ListProjects(bool with_share = false);
   // The room `project` has for one more run (migration 0024's stage_room): what the parser
   // bounds a file's stage count by before it expands a matrix.
   StageRoom GetStageRoom(const std::string& project);
@@ -297,8 +303,8 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   std::vector<MetricRow> Metrics();
 
   // Ends the sessions of members holding a lock one of the daemons' sessions has waited on for
-  // longer than `after_s` (the lock guard every daemon runs, schema/member_lock_guard.h; migration 0023). Returns one line per
-  // session ended: "pid=N member=ROLE waited=S".
+  // longer than `after_s` (the lock guard every daemon runs, schema/member_lock_guard.h; migration
+  // 0023). Returns one line per session ended: "pid=N member=ROLE waited=S".
   std::vector<std::string> EndMemberBlockers(double after_s);
 
   // --- the dashboard, continued (schema/queries/serve.sql) ----------------------------------

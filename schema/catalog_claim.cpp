@@ -170,16 +170,24 @@ std::vector<ClaimedStage> ReadClaims(const pqxx::result& r) {
   return out;
 }
 
+// The projects a worker serves, as the claim's $8: NULL when it serves every project.
+std::optional<std::string> ProjectsArray(const std::vector<std::string>& projects) {
+  if (projects.empty()) return std::nullopt;
+  return TextArray(projects);
+}
+
 }  // namespace
 
 std::vector<ClaimedStage> Catalog::ClaimReadyStages(const std::string& pool, int free_instances,
                                                     const std::string& worker_id,
                                                     const std::string& worker_name, double lease_s,
-                                                    int64_t only_run, int max_stages) {
+                                                    int64_t only_run, int max_stages,
+                                                    const std::vector<std::string>& projects) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::result r = impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id,
-                                 worker_name, lease_s, only_run, max_stages);
+    pqxx::result r =
+        impl_->Exec(tx, "ClaimReadyStages", pool, free_instances, worker_id, worker_name, lease_s,
+                    only_run, max_stages, ProjectsArray(projects));
     tx.commit();
     return ReadClaims(r);
   });
@@ -189,7 +197,8 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
                                              const std::vector<ClaimRequest>& claims,
                                              const std::string& worker_id,
                                              const std::string& worker_name, double lease_s,
-                                             int64_t only_run) {
+                                             int64_t only_run,
+                                             const std::vector<std::string>& projects) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     Committed out;
@@ -199,9 +208,9 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
     for (const auto& c : claims)
       out.claimed.push_back(c.free_instances <= 0
                                 ? std::vector<ClaimedStage>{}
-                                : ReadClaims(impl_->Exec(tx, "ClaimReadyStages", c.pool,
-                                                         c.free_instances, worker_id,
-                                                         worker_name, lease_s, only_run, 0)));
+                                : ReadClaims(impl_->Exec(
+                                      tx, "ClaimReadyStages", c.pool, c.free_instances, worker_id,
+                                      worker_name, lease_s, only_run, 0, ProjectsArray(projects))));
     // Only what this transaction left ready wakes the workers (this one included): announcing
     // what it claimed itself made each of them run a claim that found nothing.
     if (!released.empty()) {
@@ -271,10 +280,9 @@ std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, dou
   }
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    pqxx::result r =
-        impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s, NumberArray(ids),
-                    NumberArray(progress), NumberArray(checkpointed), NumberArray(sim_seconds),
-                    NumberArray(eta));
+    pqxx::result r = impl_->Exec(tx, "HeartbeatLeases", worker_id, lease_s, NumberArray(ids),
+                                 NumberArray(progress), NumberArray(checkpointed),
+                                 NumberArray(sim_seconds), NumberArray(eta));
     impl_->Exec(tx, "WorkerHeartbeat", worker_id);
     tx.commit();
     std::vector<LeaseKey> out;
@@ -409,8 +417,8 @@ bool Catalog::IsListening() const {
 
 void Catalog::ListenForChanges() {
   impl_->Guard([&] {
-    impl_->changes_receiver = std::make_unique<Receiver>(impl_->C(), "trnflow_changes",
-                                                         &impl_->changes_notifications);
+    impl_->changes_receiver =
+        std::make_unique<Receiver>(impl_->C(), "trnflow_changes", &impl_->changes_notifications);
   });
 }
 

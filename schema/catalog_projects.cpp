@@ -50,6 +50,26 @@ void Catalog::SetProjectQuotas(const std::string& project, std::optional<int> ma
   });
 }
 
+void Catalog::SetProjectShare(const std::string& project, const ProjectShare& share) {
+  impl_->Guard([&] {
+    pqxx::work tx(impl_->C());
+    if (impl_->Exec(tx, "SetProjectShare", project, share.weight, share.max_running).empty())
+      throw UserError("there is no project '" + project +
+                      "'; `trnflow project ls` lists them, `trnflow project add " + project +
+                      "` makes it");
+    if (!share.pool_max_running.empty()) {
+      std::vector<std::string> pools;
+      std::vector<int64_t> caps;
+      for (const auto& [pool, cap] : share.pool_max_running) {
+        pools.push_back(pool);
+        caps.push_back(cap);
+      }
+      impl_->Exec(tx, "SetProjectPoolCaps", project, TextArray(pools), NumberArray(caps));
+    }
+    tx.commit();
+  });
+}
+
 std::string Catalog::SetJobUidRange(int64_t lo, int64_t hi) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
@@ -74,7 +94,7 @@ StageRoom Catalog::GetStageRoom(const std::string& project) {
   });
 }
 
-std::vector<ProjectRow> Catalog::ListProjects() {
+std::vector<ProjectRow> Catalog::ListProjects(bool with_share) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     std::vector<ProjectRow> out;
@@ -90,6 +110,16 @@ std::vector<ProjectRow> Catalog::ListProjects() {
       p.runs = row[4].as<int64_t>();
       out.push_back(std::move(p));
     }
+    if (with_share)
+      for (const auto& row : impl_->Exec(tx, "ProjectShares"))
+        for (auto& p : out) {
+          if (p.name != row[0].as<std::string>()) continue;
+          p.weight = row[1].as<double>();
+          if (int cap = row[2].as<int>(); cap >= 0) p.max_running = cap;
+          for (const auto& item : SplitComma(row[3].as<std::string>()))
+            if (auto eq = item.find('='); eq != std::string::npos)
+              p.pool_max_running[item.substr(0, eq)] = std::stoi(item.substr(eq + 1));
+        }
     return out;
   });
 }

@@ -126,7 +126,8 @@ struct LiveWorker {
   std::map<std::string, int> in_use;  // pool -> instances its running stages hold
   int64_t only_run = 0;               // runs this run's stages only; 0: any run
   double heartbeat_age_s = 0;
-  double lease_s = 15;  // silent for longer than this: dead
+  double lease_s = 15;                // silent for longer than this: dead
+  std::vector<std::string> projects;  // reserved for these projects (--project); empty: all
 };
 
 // The process holding a run (`trnflow run`, `watch --execute`), as its heartbeats tell.
@@ -155,6 +156,19 @@ struct StageWait {
   std::optional<Outcome> last_outcome;  // nullopt: no attempt has ended
   std::string last_message;
   std::string running_on;  // running: the host of the worker that holds its lease
+  // Ready: where it stands in its pool's fair share (migration 0032's queue_position).
+  struct Share {
+    double weight = 1;
+    int running_in_pool = 0;  // slots its project's stages hold in the pool now
+    int running = 0;          // its project's stages running, all pools
+    int running_stages_in_pool = 0;
+    int pool_running = 0;  // slots every project's stages hold in the pool
+    std::optional<int> max_running, pool_max_running;  // the project's caps
+    int ahead_in_project = 0;  // its project's ready stages claimed before it
+    int ahead_elsewhere = 0;   // about how many of other projects' go first
+    int projects_waiting = 0;  // other projects with ready stages in the pool
+  };
+  std::optional<Share> share;
 };
 
 struct EventLogRow {
@@ -353,6 +367,17 @@ struct ProjectRow {
   std::vector<std::string> members;  // the people: writers, then those who only read
   std::vector<std::string> readers;  // the members who may only read
   int64_t runs = 0;
+  double weight = 1;                            // its share of each pool, against others'
+  std::optional<int> max_running;               // stages running at once, all pools
+  std::map<std::string, int> pool_max_running;  // the same, per pool
+};
+
+// What `project add/update --weight/--max-running` change (migration 0032); unset fields keep
+// their value, and a cap of -1 removes it.
+struct ProjectShare {
+  std::optional<double> weight;
+  std::optional<int> max_running;
+  std::map<std::string, int> pool_max_running;
 };
 
 // A project's quotas and its unfinished stages (ready, running, waiting on needs or a retry),

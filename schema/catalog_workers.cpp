@@ -11,10 +11,14 @@ namespace trnflow::schema {
 
 void Catalog::RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
                              const std::string& pools_json, int64_t only_run,
-                             const std::string& home, double lease_s) {
+                             const std::string& home, double lease_s,
+                             const std::vector<std::string>& projects) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
-    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home, lease_s);
+    std::optional<std::string> served;
+    if (!projects.empty()) served = TextArray(projects);
+    impl_->Exec(tx, "RegisterWorker", worker_id, host, pid, pools_json, only_run, home, lease_s,
+                served);
     tx.commit();
   });
 }
@@ -36,6 +40,7 @@ std::vector<LiveWorker> Catalog::LiveWorkers(double max_age_s) {
       auto in_use = nlohmann::json::parse(row[7].as<std::string>());
       for (auto it = in_use.begin(); it != in_use.end(); ++it)
         w.in_use[it.key()] = static_cast<int>(it->get<double>());
+      w.projects = SplitComma(row[8].as<std::string>());
       out.push_back(std::move(w));
     }
     return out;
@@ -98,6 +103,20 @@ std::optional<StageWait> Catalog::ExplainStage(int64_t run_id, const std::string
     w.last_outcome = OptionalOutcomeFromSql(row[11].as<std::string>());
     w.last_message = row[12].as<std::string>();
     w.running_on = row[13].as<std::string>();
+    if (row[14].as<bool>()) {
+      StageWait::Share share;
+      share.weight = row[15].as<double>();
+      share.running_in_pool = row[16].as<int>();
+      share.running = row[17].as<int>();
+      share.pool_running = row[18].as<int>();
+      if (int cap = row[19].as<int>(); cap >= 0) share.max_running = cap;
+      if (int cap = row[20].as<int>(); cap >= 0) share.pool_max_running = cap;
+      share.ahead_in_project = row[21].as<int>();
+      share.ahead_elsewhere = row[22].as<int>();
+      share.projects_waiting = row[23].as<int>();
+      share.running_stages_in_pool = row[24].as<int>();
+      w.share = share;
+    }
     return w;
   });
 }

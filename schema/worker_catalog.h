@@ -30,16 +30,17 @@ class WorkerCatalog {
   // without a heartbeat before it is dead.
   virtual void RegisterWorker(const std::string& worker_id, const std::string& host, int pid,
                               const std::string& pools_json, int64_t only_run = 0,
-                              const std::string& home = "", double lease_s = 15) = 0;
+                              const std::string& home = "", double lease_s = 15,
+                              const std::vector<std::string>& projects = {}) = 0;
   virtual void StopWorker(const std::string& worker_id) = 0;
 
   // --- claims, leases, results --------------------------------------------------------------
   // Claims ready stages of `pool` that fit in `free_instances`, shared between projects
   // (queries/stages.sql); `max_stages` > 0 takes at most that many.
-  virtual std::vector<ClaimedStage> ClaimReadyStages(const std::string& pool, int free_instances,
-                                                     const std::string& worker_id,
-                                                     const std::string& worker_name, double lease_s,
-                                                     int64_t only_run = 0, int max_stages = 0) = 0;
+  virtual std::vector<ClaimedStage> ClaimReadyStages(
+      const std::string& pool, int free_instances, const std::string& worker_id,
+      const std::string& worker_name, double lease_s, int64_t only_run = 0, int max_stages = 0,
+      const std::vector<std::string>& projects = {}) = 0;
   // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
   // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
   // limits are left out of the answer.
@@ -73,7 +74,8 @@ class WorkerCatalog {
   virtual Committed CompleteAndClaim(const std::vector<AttemptResult>& results,
                                      const std::vector<ClaimRequest>& claims,
                                      const std::string& worker_id, const std::string& worker_name,
-                                     double lease_s, int64_t only_run = 0) = 0;
+                                     double lease_s, int64_t only_run = 0,
+                                     const std::vector<std::string>& projects = {}) = 0;
   virtual void InsertEvents(const std::vector<EventRow>& events) = 0;
 
   // --- notifications ------------------------------------------------------------------------

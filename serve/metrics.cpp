@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -37,13 +37,23 @@ const std::map<std::string, Meta>& Known() {
       {"trnflow_queue_ready_stages", {"gauge", "Stages ready and waiting for a worker, by pool."}},
       {"trnflow_queue_oldest_ready_age_seconds",
        {"gauge", "How long the oldest ready stage of a pool has waited."}},
+      {"trnflow_project_ready_stages",
+       {"gauge", "Stages ready and waiting for a worker, by project and pool."}},
+      {"trnflow_project_running_stages", {"gauge", "Stages running, by project and pool."}},
+      {"trnflow_project_running_instances",
+       {"gauge", "Instances a project's running stages hold, by pool: its share of the pool."}},
+      {"trnflow_project_oldest_ready_age_seconds",
+       {"gauge", "How long a project's oldest ready stage of a pool has waited (0: none waits)."}},
       {"trnflow_cache_hits_total", {"counter", "Attempts served from the artifact cache."}},
       {"trnflow_cache_misses_total", {"counter", "Compile attempts that had to compile."}},
       {"trnflow_budget_usd", {"gauge", "A project's budget for its period."}},
       {"trnflow_budget_spent_usd", {"gauge", "What a project's budget period has spent (ledger)."}},
       {"trnflow_budget_forecast_usd",
        {"gauge", "Month-end forecast of a monthly budget's spend at its rate so far."}},
-      {"trnflow_workers", {"gauge", "Workers not stopped that heartbeated in the last day: live (within their lease) or dead."}},
+      {"trnflow_workers",
+       {"gauge",
+        "Workers not stopped that heartbeated in the last day: live (within their lease) or "
+        "dead."}},
       {"trnflow_worker_heartbeat_age_seconds_max",
        {"gauge", "Age of the oldest heartbeat among workers not stopped."}},
       {"trnflow_pool_capacity_instances", {"gauge", "Instances live workers offer, by pool."}},
@@ -51,13 +61,15 @@ const std::map<std::string, Meta>& Known() {
       {"trnflow_schedule_fires_total", {"counter", "Schedule slots fired."}},
       {"trnflow_serve_event_clients", {"gauge", "Event streams open on this dashboard."}},
       {"trnflow_attempt_duration_seconds",
-       {"histogram", "Wall-clock seconds from start to close of closed attempts, by pool and "
-                     "outcome (the ledger)."}},
+       {"histogram",
+        "Wall-clock seconds from start to close of closed attempts, by pool and "
+        "outcome (the ledger)."}},
       {"trnflow_queue_wait_seconds",
        {"histogram", "Seconds from a stage becoming ready to its attempt starting, by pool."}},
       {"trnflow_schedule_lag_seconds",
-       {"gauge", "How long the earliest slot of an active schedule that has not fired is "
-                 "overdue (0: on time)."}},
+       {"gauge",
+        "How long the earliest slot of an active schedule that has not fired is "
+        "overdue (0: on time)."}},
       {"trnflow_budget_committed_usd",
        {"gauge", "What open attempts of a project with a budget have cost so far."}},
       {"trnflow_budget_forecast_low_usd",
@@ -99,7 +111,8 @@ namespace {
 // what HELP and TYPE name. Returns the family and the sample's rank within a series (bucket 0,
 // sum 1, count 2); a name that is not part of a known histogram is its own family.
 std::pair<std::string, int> Family(const std::string& name) {
-  static const std::pair<const char*, int> suffixes[] = {{"_bucket", 0}, {"_sum", 1}, {"_count", 2}};
+  static const std::pair<const char*, int> suffixes[] = {
+      {"_bucket", 0}, {"_sum", 1}, {"_count", 2}};
   for (const auto& [suffix, rank] : suffixes) {
     std::string sfx = suffix;
     if (name.size() <= sfx.size() || name.compare(name.size() - sfx.size(), sfx.size(), sfx) != 0)
@@ -120,10 +133,10 @@ double LeValue(const std::string& le) {
 
 struct Sample {
   std::string name;
-  int rank = 0;         // within a histogram series: bucket, sum, count
-  std::string series;   // the labels without `le`: which series of the family
-  double le = 0;        // a bucket's bound
-  std::string labels;   // formatted, `le` last
+  int rank = 0;        // within a histogram series: bucket, sum, count
+  std::string series;  // the labels without `le`: which series of the family
+  double le = 0;       // a bucket's bound
+  std::string labels;  // formatted, `le` last
   double value = 0;
 };
 
@@ -149,7 +162,8 @@ std::string FormatMetrics(const std::vector<schema::MetricRow>& rows) {
     s.series = s.labels;
     if (!le.empty()) {
       s.le = LeValue(le);
-      s.labels += (s.labels.empty() ? "" : ",") + std::string("le=\"") + EscapeLabelValue(le) + "\"";
+      s.labels +=
+          (s.labels.empty() ? "" : ",") + std::string("le=\"") + EscapeLabelValue(le) + "\"";
     }
     auto& order = series_order[family];
     if (std::find(order.begin(), order.end(), s.series) == order.end()) order.push_back(s.series);

@@ -45,8 +45,9 @@ void Worker::Impl::ClaimLoop() {
       if (reserved <= 0) continue;
       std::vector<schema::ClaimedStage> claimed;
       if (!WithCatalog(cat, "claim", [&](schema::WorkerCatalog& c) {
-            claimed = c.ClaimReadyStages(pool->config.name, reserved, id, name, opt.lease_s,
-                                         opt.only_run, std::max(1, pool->config.capacity / 4));
+            claimed =
+                c.ClaimReadyStages(pool->config.name, reserved, id, name, opt.lease_s, opt.only_run,
+                                   std::max(1, pool->config.capacity / 4), opt.projects);
           })) {
         pool->used -= reserved;
         return;
@@ -75,9 +76,8 @@ void Worker::Impl::RunClaimed(std::unique_ptr<schema::WorkerCatalog>& cat, Pool&
   for (auto& c : claimed) {
     if (c.budget_wait || !claiming) {
       pool.used -= c.instance_count;
-      HandBack(c, c.budget_wait
-                      ? "waiting: other running attempts hold what is left of the budget"
-                      : "handed back: the worker is stopping");
+      HandBack(c, c.budget_wait ? "waiting: other running attempts hold what is left of the budget"
+                                : "handed back: the worker is stopping");
       continue;
     }
     Launch(pool, std::move(c));

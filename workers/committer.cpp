@@ -48,7 +48,8 @@ void Worker::Impl::CommitLoop() {
     WithCatalog(
         cat, "commit",
         [&](schema::WorkerCatalog& c) {
-          done = c.CompleteAndClaim(batch, requests, id, name, opt.lease_s, opt.only_run);
+          done = c.CompleteAndClaim(batch, requests, id, name, opt.lease_s, opt.only_run,
+                                    opt.projects);
           if (done.applied.size() < batch.size())
             log->warn("{} of {} results were stale (lease taken over) and were dropped",
                       batch.size() - done.applied.size(), batch.size());

@@ -106,8 +106,8 @@ void Worker::Start() {
   std::unique_ptr<schema::WorkerCatalog> cat;
   w.WithCatalog(cat, "register", [&](schema::WorkerCatalog& c) {
     c.RegisterWorker(w.id, w.name.substr(0, w.name.find(':')), getpid(), pools.dump(),
-                     w.opt.only_run, std::filesystem::absolute(w.opt.home).string(),
-                     w.opt.lease_s);
+                     w.opt.only_run, std::filesystem::absolute(w.opt.home).string(), w.opt.lease_s,
+                     w.opt.projects);
   });
   w.log->info("worker id={} name={} pools={}", w.id, w.name, pools.dump());
   w.lock_guard = std::make_unique<schema::MemberLockGuard>(

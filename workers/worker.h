@@ -46,6 +46,9 @@ struct WorkerOptions {
   double member_lock_every_s = 2;
   int commit_batch = 512;
   int64_t only_run = 0;  // claim only this run's stages (trnflow run); 0: any run
+  // Claim only these projects' stages (`trnflow worker --project`: capacity reserved for
+  // them); empty: every project's.
+  std::vector<std::string> projects;
   // Run commands as their project's uid, in private directories (docs/security.md).
   // false: --no-sandbox / TRNFLOW_SANDBOX=off, jobs run as this process.
   bool sandbox = true;

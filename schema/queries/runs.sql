@@ -229,6 +229,34 @@ SELECT p.name, trnflow.project_role(p.name),
        (SELECT count(*) FROM trnflow.runs r WHERE r.project = p.name)
 FROM trnflow.projects p ORDER BY p.name;
 
+-- name: ProjectShares
+-- Each project's share of the fleet (migration 0032): weight, cap (-1: none), pool caps as
+-- "pool=N,...". The owner's and the daemons' (members read project names only).
+SELECT p.name, p.weight::float8, coalesce(p.max_running, -1),
+       coalesce((SELECT string_agg(c.pool || '=' || c.max_running, ',' ORDER BY c.pool)
+                 FROM trnflow.project_pool_caps c WHERE c.project = p.name), '')
+FROM trnflow.projects p ORDER BY p.name;
+
+-- name: SetProjectShare
+-- A project's weight ($2) and cap on running stages ($3: -1 removes it), each left as it is
+-- when NULL (migration 0032). No row: no such project.
+UPDATE trnflow.projects
+SET weight = coalesce($2::numeric, weight),
+    max_running = CASE WHEN $3::int IS NULL THEN max_running WHEN $3::int < 0 THEN NULL
+                       ELSE $3::int END
+WHERE name = $1
+RETURNING name;
+
+-- name: SetProjectPoolCaps
+-- A project's caps on running stages per pool ($2 pools, $3 caps; a cap of -1 removes it).
+WITH input AS (SELECT * FROM unnest($2::text[], $3::int[]) AS t(pool, cap)),
+removed AS (
+  DELETE FROM trnflow.project_pool_caps c USING input i
+  WHERE c.project = $1 AND c.pool = i.pool AND i.cap < 0)
+INSERT INTO trnflow.project_pool_caps (project, pool, max_running)
+SELECT $1, pool, cap FROM input WHERE cap >= 0
+ON CONFLICT (project, pool) DO UPDATE SET max_running = EXCLUDED.max_running;
+
 -- name: RebuildSpendRollups
 -- Every spend rollup, computed from the ledger (migration 0030), for ledgers loaded in bulk
 -- without the trigger that folds each inserted row.

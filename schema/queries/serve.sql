@@ -165,6 +165,27 @@ FROM (SELECT DISTINCT pool FROM trnflow.instance_types) p
 LEFT JOIN trnflow.ready_stages q ON q.pool = p.pool
 GROUP BY p.pool
 UNION ALL
+-- By project and pool (migration 0032): who waits, who runs and what share each holds, so a
+-- starved project shows. Every pair with a stage ready or running has each series (0 for the
+-- side it has none of).
+SELECT m.name, jsonb_build_object('project', pp.project, 'pool', pp.pool)::text,
+       CASE m.name WHEN 'trnflow_project_ready_stages' THEN pp.ready
+                   WHEN 'trnflow_project_running_stages' THEN pp.running
+                   WHEN 'trnflow_project_running_instances' THEN pp.slots
+                   ELSE pp.oldest_s END
+FROM (SELECT project, pool, sum(ready)::float8 AS ready, sum(running)::float8 AS running,
+             sum(slots)::float8 AS slots, max(oldest_s)::float8 AS oldest_s
+      FROM (SELECT q.project, q.pool, count(*) AS ready, 0 AS running, 0 AS slots,
+                   greatest(0, extract(epoch FROM (now() - min(q.ready_at)))) AS oldest_s
+            FROM trnflow.ready_stages q GROUP BY q.project, q.pool
+            UNION ALL
+            SELECT r.project, r.pool, 0, count(*), sum(r.slots), 0
+            FROM trnflow.running_stages r GROUP BY r.project, r.pool) u
+      GROUP BY project, pool) pp
+CROSS JOIN (VALUES ('trnflow_project_ready_stages'), ('trnflow_project_running_stages'),
+                   ('trnflow_project_running_instances'),
+                   ('trnflow_project_oldest_ready_age_seconds')) m(name)
+UNION ALL
 SELECT 'trnflow_cache_hits_total', '{}', coalesce(sum(c.attempts), 0)::float8
 FROM counts c WHERE c.outcome = 'cached'
 UNION ALL

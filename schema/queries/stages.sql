@@ -1,11 +1,17 @@
 -- name: ClaimReadyStages
 -- One statement claims as many ready stages of a pool as fit in the free capacity
--- ($2 instances), shared between projects: for each project with ready stages (found by
--- skipping through the queue, trnflow.ready_stages), lock its first candidates in priority
--- order skipping rows other workers hold (trnflow.lock_ready_stages, migration 0022: by the
--- queue's index whatever the statistics say); then take turns, one stage per project per round,
--- keeping the prefix whose instance counts fit. One project's sweep of 20,000 stages cannot
--- hold back another's single stage. Claimed stages leave the queue for running_stages and run
+-- ($2 instances), shared between projects by running share (migration 0032): for each project
+-- with ready stages (found by skipping through the queue, trnflow.ready_stages; only the
+-- projects in $8 when it is not NULL: a worker reserved for them), lock its first candidates
+-- in priority order, at most as many as its caps leave room for, skipping rows other workers
+-- hold (trnflow.lock_ready_stages: by the queue's index whatever the statistics say). Each
+-- candidate's share is what its project would hold of the pool, over its weight, before it is
+-- taken: the slots the project's stages run in now (every worker, every executor) plus those
+-- of its candidates before it. The lowest share goes first, then priority, then age; the
+-- prefix whose instance counts fit is taken. So the next free slot, one or a hundred, goes to
+-- the project furthest below its weighted share, and a sweep of 20,000 stages cannot hold back
+-- another project's single stage. Claimed stages leave the queue for running_stages (with
+-- their pool and slots, which the next claim's shares read) and run
 -- under this worker's lease with an attempt opened in the stage row at the price in force now
 -- (its ledger row is written when it closes; queued_at: the stage's ready_at, which the claim
 -- leaves as it was, so the attempt's queue wait is started_at - queued_at). No index of
@@ -14,16 +20,18 @@
 -- fit). `budgeted`: the run or its project has a budget, so the worker reserves a spend cap
 -- for the attempt before it runs.
 WITH locked AS (
-  SELECT * FROM trnflow.lock_ready_stages($1, $2, $6::bigint, $7::int)
-    AS l(queue_row, id, project, instance_count, priority, ready_at)),
-turns AS (
+  SELECT * FROM trnflow.lock_ready_stages($1, $2, $6::bigint, $7::int, $8::text[])
+    AS l(queue_row, id, project, instance_count, priority, ready_at, running, weight)),
+shares AS (
   SELECT queue_row, id, instance_count, priority, ready_at,
-         row_number() OVER (PARTITION BY project ORDER BY priority DESC, ready_at, id) AS turn
+         (running + sum(instance_count) OVER (PARTITION BY project
+                                              ORDER BY priority DESC, ready_at, id)
+          - instance_count) / weight AS share
   FROM locked),
 chosen AS (
   SELECT queue_row, id FROM (
     SELECT queue_row, id, sum(instance_count) OVER w AS used, row_number() OVER w AS n
-    FROM turns WINDOW w AS (ORDER BY turn, priority DESC, ready_at, id)) x
+    FROM shares WINDOW w AS (ORDER BY share, priority DESC, ready_at, id)) x
   WHERE used <= $2 AND ($7::int = 0 OR n <= $7)),
 -- The stage rows, locked without waiting: one that a cancel or a resume holds (they lock the
 -- stage first and its queue row second, the claim the other way round) is left to them, its
@@ -64,10 +72,10 @@ claimed AS (
   -- sequential scan of every stage in the catalog, once per claim (~35 ms at 20,000 stages).
   WHERE s.id = ANY(ARRAY(SELECT id FROM taken))
   RETURNING s.id, s.run_id, s.attempts, s.instance_count, s.market, s.progress, s.errors,
-            s.preemptions, s.spec, s.project, s.attempt_price_usd_hour),
+            s.preemptions, s.spec, s.project, s.attempt_price_usd_hour, s.pool),
 leased AS (
-  INSERT INTO trnflow.running_stages (run_id, stage_id, project)
-  SELECT run_id, id, project FROM claimed)
+  INSERT INTO trnflow.running_stages (run_id, stage_id, project, pool, slots)
+  SELECT run_id, id, project, pool, instance_count FROM claimed)
 SELECT c.id, c.run_id, c.attempts, c.instance_count, c.market, c.progress, c.errors,
        c.preemptions, c.spec::text, (c.attempt_price_usd_hour * 1000000)::bigint, r.speed, r.seed,
        r.spot_rate_multiplier, r.workdir, r.retry_failed_compilation, c.project,

@@ -64,11 +64,11 @@ const std::vector<std::string>& Commands() {
 // `serve` is a daemon too: what it serves over HTTP is the JSON of the commands walked here
 // (tests/serve checks /api against their --format json).
 const std::set<std::string> kNoData = {
-    "cancel",        "resume",         "retry",          "db migrate",      "worker",
-    "scheduler",     "schedule add",   "schedule pause", "schedule resume", "schedule rm",
-    "cache rm",      "cache untrust",  "budget set",     "budget rm",       "project add",
+    "cancel",        "resume",          "retry",          "db migrate",      "worker",
+    "scheduler",     "schedule add",    "schedule pause", "schedule resume", "schedule rm",
+    "cache rm",      "cache untrust",   "budget set",     "budget rm",       "project add",
     "project grant", "schedule update", "serve",          "db drop",         "workers forget",
-    "db archive"};
+    "db archive",    "project update"};
 
 // Every "" in `j` (a value that should have been null), as JSON pointers; and values that
 // break the rules by key: ids must be strings, dollars numbers.
@@ -341,6 +341,7 @@ TEST(CliGrammar, EveryCommandExitsThreeWithoutTheCatalog) {
       {"budget set", "climate-lab 10"},
       {"budget rm", "climate-lab"},
       {"project add", "x"},
+      {"project update", "x --weight 2"},
       {"project grant", "x someone --read"},
       {"schedule add", "n examples/climate/pipeline.yaml --cron '0 2 * * *'"},
       {"schedule pause", "n"},
