@@ -799,7 +799,8 @@ ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
       adopted = true;
       dir = adir;
       took->from_attempt = a;
-      took->harvested = t == slurm::TakeOver::kHarvest;
+      // Ended in Slurm, its exit record on its way: harvested too, once the record lands.
+      took->harvested = t == slurm::TakeOver::kHarvest || (job && !slurm::ActiveState(job->state));
       for (const auto& [n, e] : ledger)
         if (open_outcome(e.outcome) && (e.executor_job == id || (e.executor_job.empty() && n == a)))
           took->billed_before += e.sim_seconds;
@@ -907,7 +908,10 @@ ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
     if (ctx.spec.timeout_s > 0) {
       // Slurm's limit is in whole minutes of wall time, with room for the grace: trnflow's own
       // clock ends the attempt at its timeout; Slurm's limit is the backstop.
-      double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 1;
+      // --signal=B:USR1@120 is Slurm's notice two minutes before that limit: the limit leaves
+      // those two minutes after the grace, or a short timeout's job would get its "notice" at
+      // once (judged a spot interruption, its workload stopped as it starts).
+      double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 3;
       options.push_back("--time=" + std::to_string(static_cast<long>(wall_min)));
     }
     Submitted sub;

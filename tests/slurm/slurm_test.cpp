@@ -807,6 +807,11 @@ TEST(Slurm, AStageThatOverrunsItsTimeoutIsCancelledAsATimeout) {
   std::string job = AttemptCol(run, "work", 1, "executor_job"), state;
   EXPECT_TRUE(WaitFor([&] { return (state = JobState(job)) != "COMPLETING"; }, 30)) << state;
   EXPECT_EQ(state, "CANCELLED");
+  // Slurm's limit, the backstop, leaves its two-minute notice (--signal=B:USR1@120) after
+  // trnflow's own timeout and grace: with a limit of two minutes the "notice" could come at
+  // once, and the attempt was judged a spot interruption.
+  std::string shown = ShOutput("scontrol show job " + job);
+  EXPECT_NE(shown.find("TimeLimit=00:04:00"), std::string::npos) << shown;
 }
 
 TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
