@@ -910,6 +910,20 @@ TEST(Slurm, EachProjectsJobsGoInUnderItsOwnAccountAndQos) {
     EXPECT_EQ(account_of(task), "vision/high") << n;
   }
 
+  // Without default_account, the worker's --account is the default; both, different, are
+  // refused.
+  std::string only_vision =
+      WriteTempFile("accounts-vision.yaml", "accounts: {slurm-vision: vision}\n");
+  auto flagged = RunTrnflow("run " + WriteTempFile("flag.yaml", OneStage("slurm-flag", "true")) +
+                            " --speed 1 --executor slurm --account nlp --slurm-config " +
+                            only_vision + " --format json");
+  ASSERT_EQ(flagged.exit_code, 0) << flagged.err;
+  EXPECT_EQ(account_of(AttemptCol(RunIdOf(flagged.out), "work", 1, "executor_job")), "nlp/normal");
+  auto both = RunTrnflow("run " + WriteTempFile("x.yaml", OneStage("slurm-x", "true")) +
+                         " --executor slurm --account nlp --slurm-config " + config);
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  EXPECT_NE(both.err.find("disagree"), std::string::npos) << both.err;
+
   // An account or QOS Slurm does not have is the operator's error at start (exit 2), with the
   // closest name; a bad key, with its place in the file.
   std::string typo = WriteTempFile("accounts-typo.yaml", "accounts:\n  slurm-vision: visoin\n");
