@@ -86,6 +86,60 @@ int CmdDbDrop(const DeleteArgs& del) {
 }
 
 namespace {
+// A Slurm client command's standard output and exit status (-1: it could not run).
+std::string SlurmToolOutput(const std::string& command, int* status) {
+  std::string out;
+  *status = -1;
+  if (FILE* p = ::popen(("timeout 15 " + command + " 2>/dev/null").c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    *status = ::pclose(p);
+  }
+  return out;
+}
+
+// The accounts and QOS of the map, checked against Slurm's accounting (sacctmgr) where the
+// cluster has one: a name it does not know is the operator's error now (every job of that
+// project would be refused), with the closest name. A cluster whose sacctmgr does not answer
+// (no slurmdbd) is not checked: sbatch is the judge there.
+void CheckSlurmAccounts(const workers::slurm::AccountMap& map, const std::string& config) {
+  std::vector<std::pair<std::string, std::string>> accounts, qos;  // name, where it came from
+  if (!map.fallback.account.empty())
+    accounts.push_back({map.fallback.account, "the default account"});
+  if (!map.fallback.qos.empty()) qos.push_back({map.fallback.qos, "the default QOS"});
+  for (const auto& [project, a] : map.projects) {
+    accounts.push_back({a.account, "project " + project + "'s account"});
+    if (!a.qos.empty()) qos.push_back({a.qos, "project " + project + "'s QOS"});
+  }
+  auto check = [&](const std::vector<std::pair<std::string, std::string>>& wanted,
+                   const std::string& command, const std::string& what) {
+    if (wanted.empty()) return;
+    int status = -1;
+    std::string out = SlurmToolOutput(command, &status);
+    if (status != 0) {
+      Logger("workers.slurm")
+          ->warn("{}: Slurm's accounting did not answer ({}); {}s not checked", config, command,
+                 what);
+      return;
+    }
+    std::vector<std::string> names;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) names.push_back(line);
+    for (const auto& [name, where] : wanted) {
+      // Slurm keeps account and QOS names in lower case and matches them so.
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (std::find(names.begin(), names.end(), lower) == names.end())
+        throw UserError((config.empty() ? "--account" : config) + ": " + where + " " + name +
+                        ": Slurm has no such " + what +
+                        NameHint(lower, names, "; `" + command + "` lists them"));
+    }
+  };
+  check(accounts, "sacctmgr -n -P show account format=account", "account");
+  check(qos, "sacctmgr -n -P show qos format=name", "QOS");
+}
+
 // The Slurm executor's options, checked against the cluster: a partition it does not have is
 // the operator's error now, not every job's later.
 workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
@@ -120,10 +174,18 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
     if (!in) throw UserError("--slurm-config " + a.slurm_config + ": cannot read it");
     std::stringstream text;
     text << in.rdbuf();
-    if (std::string e =
-            workers::slurm::ParsePartitions(text.str(), a.slurm_config, &s.partitions, &s.arrays);
+    workers::slurm::SlurmConfig config;
+    if (std::string e = workers::slurm::ParseSlurmConfig(text.str(), a.slurm_config, &config);
         !e.empty())
       throw UserError(e);
+    s.partitions = config.partitions;
+    s.arrays = config.arrays;
+    s.accounts = config.accounts;
+    if (!a.account.empty() && !s.accounts.fallback.account.empty() &&
+        a.account != s.accounts.fallback.account)
+      throw UserError("--account " + a.account + " and " + a.slurm_config + "'s default_account " +
+                      s.accounts.fallback.account +
+                      " disagree: give the default account in one place");
     std::vector<std::string> names;
     std::istringstream known(partitions);
     for (std::string line; std::getline(known, line);)
@@ -133,6 +195,8 @@ workers::SlurmOptions SlurmFromArgs(const ExecutorArgs& a) {
         throw UserError(a.slurm_config + ": partition " + p.name + ": Slurm has no such partition" +
                         NameHint(p.name, names, "; `sinfo` lists them"));
   }
+  if (s.accounts.fallback.account.empty()) s.accounts.fallback.account = a.account;
+  CheckSlurmAccounts(s.accounts, a.slurm_config);
   std::error_code ec;
   std::filesystem::create_directories(s.shared_dir, ec);
   if (ec) throw UserError("--shared-dir " + s.shared_dir + ": " + ec.message());

@@ -114,7 +114,9 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
       ->check(CLI::IsMember({"local", "slurm"}));
   cmd->add_option("--partition", e.partition,
                   "slurm: the partition jobs go to (default: the cluster's default)");
-  cmd->add_option("--account", e.account, "slurm: the account jobs charge");
+  cmd->add_option("--account", e.account,
+                  "slurm: the account jobs charge when --slurm-config maps none for their "
+                  "project");
   cmd->add_option("--shared-dir", e.shared_dir,
                   "slurm: a directory every node sees, for the attempts' wrappers "
                   "(default: $TRNFLOW_HOME/slurm)");
@@ -122,7 +124,8 @@ void AddSandboxOptions(CLI::App* cmd, SandboxArgs& a) {
                 "slurm: the partition is spot capacity (a node failure is an interruption)");
   cmd->add_option("--slurm-config", e.slurm_config,
                   "slurm: a YAML file mapping partitions to instance types and devices "
-                  "(stages go to their instance's partition, with --gres)");
+                  "(stages go to their instance's partition, with --gres) and projects to "
+                  "Slurm accounts and QOS");
 }
 
 void AddRunOptions(CLI::App* cmd, RunArgs& a, bool execution) {

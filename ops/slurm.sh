@@ -29,6 +29,10 @@
 # `sacct` reads jobs. It also keeps a job completion log (JobCompType=jobcomp/filetxt, what
 # `sacct -c` reads). The worker reads these two keys from `scontrol show config` and bills
 # from plain `sacct` first (docs/executors.md).
+# Accounts, as a site has one per group: `lab`, `vision` and `nlp` below `root`, and a QOS
+# `high` beside Slurm's `normal`; root (who submits every job here) is associated with each
+# (its default account stays `root`). AccountingStorageEnforce=associations,qos: a job under
+# an account or QOS its user has no association for is refused at sbatch, as on a site.
 set -euo pipefail
 
 dir="${TRNFLOW_SLURM_DIR:-/var/tmp/trnflow-slurm}"
@@ -98,6 +102,7 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$dbd_port
 AccountingStoragePass=$munge_socket
+AccountingStorageEnforce=associations,qos
 JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/log/jobcomp.txt
 MinJobAge=3600
@@ -207,7 +212,7 @@ accounting_up() {
   local key templates template fresh=""
   key=$(dpkg-query -W -f='mariadb-${Version}-' mariadb-server-core 2>/dev/null
         dpkg-query -W -f='slurmdbd-${Version}' slurmdbd 2>/dev/null)
-  key=${key//[^A-Za-z0-9.+_-]/_}
+  key=${key//[^A-Za-z0-9.+_-]/_}-accounts  # made with the accounts of accounts_up
   templates="${TRNFLOW_SLURM_DB_TEMPLATE:-/var/tmp/trnflow-slurm-db-template}"
   template="$templates/$key"
   mkdir -p "$db"
@@ -233,6 +238,7 @@ accounting_up() {
   if ! dbd_start | grep -qx trnflow; then
     sacctmgr -i add cluster trnflow > /dev/null
   fi
+  accounts_up
   if [[ -n "$fresh" && ! -d "$template/mysql" ]]; then
     # A clean copy: both stopped (MariaDB flushes on SIGTERM), copied, renamed into place
     # whole (another cluster may be making the same one), started again.
@@ -245,6 +251,24 @@ accounting_up() {
     db_start
     dbd_start > /dev/null
   fi
+}
+
+# The groups' accounts and the QOS `high`, and root's associations with them (see the top);
+# one sacctmgr call when they are there already (a data directory copied from the template).
+accounts_up() {
+  local have
+  have=$(sacctmgr -n -P show assoc where cluster=trnflow user=root format=account,qos 2>/dev/null |
+         sort | tr '\n' ' ')
+  [[ $have == "lab|high,normal nlp|high,normal root|normal vision|high,normal " ]] && return 0
+  sacctmgr -i add qos high > /dev/null 2>&1 || true
+  sacctmgr -i add account lab,vision,nlp cluster=trnflow > /dev/null 2>&1 || true
+  sacctmgr -i add user root account=lab,vision,nlp cluster=trnflow > /dev/null 2>&1 || true
+  sacctmgr -i modify user root where account=lab,vision,nlp cluster=trnflow set qos=normal,high \
+    > /dev/null 2>&1 || true
+  have=$(sacctmgr -n -P show assoc where cluster=trnflow user=root format=account,qos 2>&1 |
+         sort | tr '\n' ' ')
+  [[ $have == "lab|high,normal nlp|high,normal root|normal vision|high,normal " ]] ||
+    die "root's accounts are not as expected: $have"
 }
 
 up() {

@@ -102,6 +102,7 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   // its lease; false otherwise.
   bool RecordExecutorJob(int64_t stage_id, int attempt, const std::string& worker_id,
                          const std::string& job);
+  std::vector<EarlierAttemptRow> EarlierAttempts(int64_t stage_id, int attempt);
   std::vector<LeaseKey> HeartbeatLeases(const std::string& worker_id, double lease_s,
                                         const std::vector<LiveReport>& reports);
   // Closes attempts (fenced on their lease), releases dependents of stages that succeeded,

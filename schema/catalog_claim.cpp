@@ -266,6 +266,18 @@ bool Catalog::RecordExecutorJob(int64_t stage_id, int attempt, const std::string
   });
 }
 
+std::vector<EarlierAttemptRow> Catalog::EarlierAttempts(int64_t stage_id, int attempt) {
+  return impl_->Guard([&] {
+    pqxx::read_transaction tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "EarlierAttempts", stage_id, attempt);
+    std::vector<EarlierAttemptRow> out;
+    for (const auto& row : r)
+      out.push_back(
+          {row[0].as<int>(), OutcomeFromSql(row[1].c_str()), row[2].c_str(), row[3].as<double>()});
+    return out;
+  });
+}
+
 std::vector<LeaseKey> Catalog::HeartbeatLeases(const std::string& worker_id, double lease_s,
                                                const std::vector<LiveReport>& reports) {
   std::vector<int64_t> ids;

@@ -71,6 +71,16 @@ struct BudgetReservation {
   Money held;
 };
 
+// An earlier attempt of a stage as the ledger has it: what an executor that hands attempts to
+// another system needs to find a job no attempt has taken the result of yet (a Slurm job that
+// finished while no worker watched it).
+struct EarlierAttemptRow {
+  int attempt = 0;
+  Outcome outcome = Outcome::kLost;
+  std::string executor_job;  // "": none recorded
+  double sim_seconds = 0;    // what it was billed for, simulated seconds
+};
+
 // The end of one attempt, as its worker (or the rescuer) saw it.
 struct AttemptResult {
   int64_t stage_id = 0;

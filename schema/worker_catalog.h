@@ -51,6 +51,8 @@ class WorkerCatalog {
   // its lease; false otherwise.
   virtual bool RecordExecutorJob(int64_t stage_id, int attempt, const std::string& worker_id,
                                  const std::string& job) = 0;
+  // The ledger's attempts of a stage before `attempt`, in order.
+  virtual std::vector<EarlierAttemptRow> EarlierAttempts(int64_t stage_id, int attempt) = 0;
   // Renews the leases of the stages this worker runs (one report each) and returns those it
   // still holds; an in-flight stage missing here was taken over. Records what each attempt
   // said of itself: a checkpoint moves its stage's resume point forward at once.

@@ -91,6 +91,7 @@ void Worker::Impl::Execute(Pool& pool, const std::shared_ptr<Running>& run) {
   const schema::ClaimedStage& c = run->claim;
   ExecContext ctx;
   ctx.spec = c.spec;
+  ctx.project = c.project;
   ctx.run_id = c.run_id;
   ctx.stage_id = c.stage_id;
   ctx.attempt = c.attempt;
@@ -121,14 +122,22 @@ void Worker::Impl::Execute(Pool& pool, const std::shared_ptr<Running>& run) {
   ctx.record_executor_job = [this, &c](const std::string& job) {
     try {
       auto cat = schema::OpenWorkerCatalog(opt.database_url);
-      if (!cat->RecordExecutorJob(c.stage_id, c.attempt, id, job))
-        log->warn("stage={} attempt={}: job {} not recorded: the lease is gone", c.stage_id,
-                  c.attempt, job);
+      if (cat->RecordExecutorJob(c.stage_id, c.attempt, id, job)) return true;
+      log->warn("stage={} attempt={}: job {} not recorded: the lease is gone", c.stage_id,
+                c.attempt, job);
     } catch (const std::exception& e) {
       // The job is found by its name (SlurmJobName) if its id never reaches the catalog.
       log->warn("stage={} attempt={}: job {} not recorded: {}", c.stage_id, c.attempt, job,
                 e.what());
     }
+    return false;
+  };
+  ctx.earlier_attempts = [this, &c] {
+    auto cat = schema::OpenWorkerCatalog(opt.database_url);
+    std::vector<EarlierAttempt> out;
+    for (const auto& a : cat->EarlierAttempts(c.stage_id, c.attempt))
+      out.push_back({a.attempt, a.outcome, a.executor_job, a.sim_seconds});
+    return out;
   };
   ctx.report_progress = [run](const LiveProgress& p) {
     std::scoped_lock lock(run->metrics_mu);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/money.h"
 #include "common/stage_spec.h"
@@ -35,8 +36,17 @@ struct LiveProgress {
   double eta_s = -1;        // simulated seconds it expects still to run; < 0: unknown
 };
 
+// An earlier attempt of the stage as the ledger has it (ExecContext::earlier_attempts).
+struct EarlierAttempt {
+  int attempt = 0;
+  Outcome outcome = Outcome::kLost;
+  std::string executor_job;  // "": none recorded
+  double sim_seconds = 0;    // what it was billed for
+};
+
 struct ExecContext {
   StageSpec spec;
+  std::string project;  // the run's project (the Slurm account it goes in under)
   int64_t run_id = 0;
   int64_t stage_id = 0;
   int attempt = 1;
@@ -69,7 +79,11 @@ struct ExecContext {
   std::function<void(const LiveProgress&)> report_progress;
   // An executor that hands the attempt to another system (a Slurm job id) records its id here
   // as soon as it has one, fenced on the lease, so a worker taking the stage over finds it.
-  std::function<void(const std::string&)> record_executor_job;
+  // False: not recorded (the lease is gone, or the catalog did not answer).
+  std::function<bool(const std::string&)> record_executor_job;
+  // The stage's attempts before this one, from the ledger (throws when the catalog does not
+  // answer): which earlier job's result an attempt has already taken. Unset: unknown.
+  std::function<std::vector<EarlierAttempt>()> earlier_attempts;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
 };
 
@@ -107,7 +121,7 @@ class ProcessExecutor final : public Executor {
 // Where and how the Slurm executor submits (trnflow worker --executor slurm).
 struct SlurmOptions {
   std::string partition;       // "": the cluster's default partition
-  std::string account;         // "": the user's default account
+  std::string account;         // "": the user's default account (see `accounts`)
   std::string shared_dir;      // attempts' wrappers and files; every node must see it
   std::string trnflow_binary;  // what a job runs for a simulated stage (exec-stage)
   bool spot_partition = false;  // a node failure there is the market reclaiming it
@@ -119,6 +133,9 @@ struct SlurmOptions {
   // Matrix expansions submitted within `arrays.window_s` of each other with the same options
   // go out as one job array (--slurm-config's max_array_size, max_submit_jobs, array_window).
   slurm::ArrayLimits arrays;
+  // Each project's Slurm account and QOS (--slurm-config's `accounts:`); projects it does not
+  // name go in under its fallback (`default_account:`, else `account`).
+  slurm::AccountMap accounts;
 };
 
 // Runs every kind of stage as one Slurm batch job per attempt (docs/executors.md).
@@ -132,6 +149,8 @@ class SlurmExecutor final : public Executor {
   struct Monitor;
   struct Arrays;
   struct Accounting;
+  struct Taken;  // an earlier attempt's job this attempt took over
+  ExecResult RunJob(const ExecContext& ctx, Taken* took);
   SlurmOptions opt_;
   std::unique_ptr<Monitor> monitor_;
   std::unique_ptr<Arrays> arrays_;

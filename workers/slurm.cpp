@@ -1,14 +1,15 @@
 #include "workers/slurm.h"
 
-#include "common/duration.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
 #include <vector>
+
+#include "common/duration.h"
 
 namespace trnflow::workers::slurm {
 namespace {
@@ -154,8 +155,38 @@ bool IsMatrixExpansion(const std::string& stage_name) {
          stage_name.find('[') != std::string::npos;
 }
 
+namespace {
+
+// An account or QOS name as sbatch takes it: letters, digits, `_`, `-`, `.`.
+bool SlurmName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      return false;
+  return true;
+}
+
+}  // namespace
+
+SlurmAccount AccountFor(const AccountMap& map, const std::string& project) {
+  auto it = map.projects.find(project);
+  if (it == map.projects.end()) return map.fallback;
+  SlurmAccount a = it->second;
+  if (a.qos.empty()) a.qos = map.fallback.qos;
+  return a;
+}
+
 std::string ParsePartitions(const std::string& text, const std::string& path,
                             std::vector<Partition>* out, ArrayLimits* limits) {
+  SlurmConfig c;
+  std::string e = ParseSlurmConfig(text, path, &c);
+  if (!e.empty()) return e;
+  out->insert(out->end(), c.partitions.begin(), c.partitions.end());
+  if (limits) *limits = c.arrays;
+  return "";
+}
+
+std::string ParseSlurmConfig(const std::string& text, const std::string& path, SlurmConfig* out) {
   auto at = [&](const YAML::Node& n) {
     const YAML::Mark m = n.Mark();
     return path + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
@@ -167,10 +198,24 @@ std::string ParsePartitions(const std::string& text, const std::string& path,
     return path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
            ": not YAML (" + e.msg + ")";
   }
-  if (!root.IsMap() || !root["partitions"] || !root["partitions"].IsMap())
-    return path + ":1:1: expected `partitions:` mapping each Slurm partition to "
-                  "{instance: TYPE, ...}; see docs/executors.md";
-  ArrayLimits lim;
+  if (!root.IsMap())
+    return path +
+           ":1:1: expected a mapping: `partitions:` (each Slurm partition to "
+           "{instance: TYPE, ...}) and/or `accounts:` (each project to its Slurm "
+           "account); see docs/executors.md";
+  SlurmConfig cfg;
+  ArrayLimits& lim = cfg.arrays;
+  // A name-valued key (`default_account: lab`): "" or the error.
+  auto name_of = [&](const YAML::Node& v, const std::string& what, std::string* into) {
+    if (v.IsScalar() && SlurmName(v.Scalar())) {
+      *into = v.Scalar();
+      return std::string();
+    }
+    return at(v) + what + ": expected a Slurm " +
+           (what.find("qos") != std::string::npos ? "QOS" : "account") +
+           " name (letters, digits, `_`, `-`, `.`), as `sacctmgr show " +
+           (what.find("qos") != std::string::npos ? "qos" : "account") + "` lists it";
+  };
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key == "max_array_size" || key == "max_submit_jobs") {
@@ -193,14 +238,67 @@ std::string ParsePartitions(const std::string& text, const std::string& path,
         return at(kv.second) + "`array_window`: expected a duration above 0 and at most 10m (e.g. 2s): "
                                "how long a batch of matrix expansions gathers before its sbatch";
       lim.window_s = *d;
+    } else if (key == "default_account") {
+      if (auto e = name_of(kv.second, "`default_account`", &cfg.accounts.fallback.account);
+          !e.empty())
+        return e;
+    } else if (key == "default_qos") {
+      if (auto e = name_of(kv.second, "`default_qos`", &cfg.accounts.fallback.qos); !e.empty())
+        return e;
+    } else if (key == "accounts") {
+      if (!kv.second.IsMap())
+        return at(kv.second) +
+               "`accounts`: expected each project mapped to its Slurm account "
+               "(`vision: vision-lab`, or `vision: {account: vision-lab, qos: "
+               "high}`)";
+      for (const auto& p : kv.second) {
+        std::string project = p.first.IsScalar() ? p.first.Scalar() : "";
+        if (project.empty())
+          return at(p.first) + "`accounts`: expected a project's name as the key";
+        SlurmAccount a;
+        const YAML::Node& v = p.second;
+        if (v.IsScalar()) {
+          if (auto e = name_of(v, "the account of project " + project, &a.account); !e.empty())
+            return e;
+        } else if (v.IsMap()) {
+          for (const auto& f : v) {
+            std::string k = f.first.as<std::string>();
+            if (k == "account") {
+              if (auto e = name_of(f.second, "`account` of project " + project, &a.account);
+                  !e.empty())
+                return e;
+            } else if (k == "qos") {
+              if (auto e = name_of(f.second, "`qos` of project " + project, &a.qos); !e.empty())
+                return e;
+            } else {
+              return at(f.first) + "unknown key `" + k +
+                     "`; a project's entry has `account:` and `qos:`";
+            }
+          }
+          if (a.account.empty())
+            return at(p.first) + "project " + project +
+                   " has no `account:`; name the Slurm "
+                   "account its jobs are charged to";
+        } else {
+          return at(v) + "project " + project +
+                 ": expected ACCOUNT or {account: ACCOUNT, qos: QOS}";
+        }
+        if (!cfg.accounts.projects.emplace(project, a).second)
+          return at(p.first) + "project " + project + " is mapped twice";
+      }
     } else if (key != "partitions") {
       return at(kv.first) + "unknown key `" + key +
-             "`; the file has `partitions:`, `max_array_size:`, `max_submit_jobs:` and "
-             "`array_window:`";
+             "`; the file has `partitions:`, `max_array_size:`, `max_submit_jobs:`, "
+             "`array_window:`, `accounts:`, `default_account:` and `default_qos:`";
     }
   }
-  if (limits) *limits = lim;
-  for (const auto& kv : root["partitions"]) {
+  const YAML::Node partitions = static_cast<const YAML::Node&>(root)["partitions"];
+  if (partitions && !partitions.IsMap())
+    return at(partitions) +
+           "`partitions`: expected each Slurm partition mapped to "
+           "{instance: TYPE, ...}; see docs/executors.md";
+  std::vector<Partition>* parts = &cfg.partitions;
+  for (const auto& kv : partitions) {
     Partition p;
     p.name = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -240,8 +338,9 @@ std::string ParsePartitions(const std::string& text, const std::string& path,
     if (!p.gres.empty() && p.devices == 0)
       return at(kv.first) + "partition " + p.name + " has `gres: " + p.gres +
              "` but no `devices:`; say how many each node has (trn1.32xlarge: 16)";
-    out->push_back(p);
+    parts->push_back(p);
   }
+  *out = std::move(cfg);
   return "";
 }
 
@@ -322,6 +421,32 @@ Verdict Done(Outcome o, std::string message) {
 }
 
 }  // namespace
+
+bool ActiveState(const std::string& state) { return Active(state); }
+
+TakeOver DecideTakeOver(const std::optional<JobState>& job, const WrapperFiles& files,
+                        bool spot_partition, std::string* why) {
+  if (job && Active(job->state)) return TakeOver::kAdopt;
+  // Slurm lists it no more and its wrapper never wrote an exit: nothing says how it ended.
+  if (!job && !files.exit_code) return files.began ? TakeOver::kRunAgain : TakeOver::kNone;
+  Observation o;
+  o.job = job;
+  o.files = files;
+  o.spot_partition = spot_partition;
+  Verdict v = Judge(o);  // gone_for_s 0: an exit record on its way is waited for
+  if (!v.finished) return TakeOver::kAdopt;
+  if (why) *why = v.message;
+  switch (v.outcome) {
+    case Outcome::kSucceeded:
+    case Outcome::kFailed:
+    case Outcome::kTimeout:
+    case Outcome::kInfraError:
+    case Outcome::kUserError:
+      return TakeOver::kHarvest;  // the workload's own end (or Slurm's limit): its result
+    default:
+      return TakeOver::kRunAgain;  // lost, preempted, cancelled: its work is not done
+  }
+}
 
 Verdict Judge(const Observation& o) {
   const std::string state = o.job ? o.job->state : "";

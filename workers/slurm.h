@@ -78,6 +78,23 @@ inline constexpr double kImpossiblePendingSeconds = 60;
 
 Verdict Judge(const Observation& o);
 
+// A job Slurm has not ended yet (pending, running, completing, suspended, ...).
+bool ActiveState(const std::string& state);
+
+// What a new attempt does with the job of an earlier attempt whose result no attempt has taken
+// (its worker died, or handed the stage back), found in Slurm (`job`; nullopt: Slurm lists it
+// no more) and in its wrapper's files:
+enum class TakeOver {
+  kNone,      // nothing of it ran: submit a job of its own
+  kAdopt,     // still in Slurm's hands (or its end not yet written): watch it as its own job
+  kHarvest,   // it finished its work: its exit, output and accounting are this attempt's result
+  kRunAgain,  // it ended without finishing its work (node lost, preempted, cancelled by
+              // someone, gone without an exit record): submit a job of its own
+};
+// `why` (may be null) gets the judgement's message for a job that ended.
+TakeOver DecideTakeOver(const std::optional<JobState>& job, const WrapperFiles& files,
+                        bool spot_partition, std::string* why = nullptr);
+
 // True for squeue reasons that waiting cannot fix (the request exceeds what the partition or
 // its nodes can ever give).
 bool ImpossiblePendingReason(const std::string& reason);
@@ -108,13 +125,47 @@ struct ArrayLimits {
   double window_s = 1;
 };
 
-// The --slurm-config file (YAML):
+// What a project's jobs are charged to in Slurm (`sbatch --account`, `--qos`): the site's
+// fairshare, QOS limits and `sshare` then see each project as its own. "": not given (Slurm's
+// default for the submitting user).
+struct SlurmAccount {
+  std::string account;
+  std::string qos;
+};
+
+// The project -> account map of --slurm-config, and the default for projects it does not
+// name (`default_account:`/`default_qos:`, else the worker's --account).
+struct AccountMap {
+  std::map<std::string, SlurmAccount> projects;
+  SlurmAccount fallback;
+};
+
+// The account and QOS a job of `project` goes in under: the project's entry, else the
+// fallback; a project entry without a QOS takes the fallback's.
+SlurmAccount AccountFor(const AccountMap& map, const std::string& project);
+
+// The whole --slurm-config file.
+struct SlurmConfig {
+  std::vector<Partition> partitions;
+  ArrayLimits arrays;
+  AccountMap accounts;
+};
+
+// The --slurm-config file (YAML); every key optional:
 //   partitions:
 //     NAME: {instance: TYPE, spot: BOOL, gres: NAME, devices: N, cores_per_device: N}
-//   max_array_size: N     (optional, default 1000; 1: no arrays)
-//   max_submit_jobs: N    (optional, default 0: no limit)
-//   array_window: DURATION (optional, default 1s; above 0, at most 10m)
+//   max_array_size: N     (default 1000; 1: no arrays)
+//   max_submit_jobs: N    (default 0: no limit)
+//   array_window: DURATION (default 1s; above 0, at most 10m)
+//   accounts:
+//     PROJECT: ACCOUNT                      (or)
+//     PROJECT: {account: ACCOUNT, qos: QOS}
+//   default_account: ACCOUNT  (projects not in `accounts:`; default: --account)
+//   default_qos: QOS
 // Returns "" or an error as `path:line:col: what; the fix`.
+std::string ParseSlurmConfig(const std::string& text, const std::string& path, SlurmConfig* out);
+
+// The partitions and array limits of a --slurm-config file (ParseSlurmConfig's).
 std::string ParsePartitions(const std::string& text, const std::string& path,
                             std::vector<Partition>* out, ArrayLimits* limits = nullptr);
 

@@ -624,7 +624,30 @@ std::string SlurmJobName(int64_t run_id, int64_t stage_id, int attempt) {
          std::to_string(attempt);
 }
 
+// The job of an earlier attempt this attempt took over (adopted or harvested).
+struct SlurmExecutor::Taken {
+  int from_attempt = 0;  // 0: none, a job of its own
+  bool harvested = false;
+  double billed_before = 0;  // simulated seconds the ledger billed earlier attempts for it
+};
+
 ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
+  Taken took;
+  ExecResult r = RunJob(ctx, &took);
+  if (took.from_attempt > 0) {
+    // The attempts that watched the job before were billed for it up to their last heartbeat:
+    // this one bills the rest of what Slurm accounted, never the same seconds twice.
+    r.sim_seconds = std::max(0.0, r.sim_seconds - took.billed_before);
+    if (r.sim_seconds <= 0) r.ran_instance = false;
+    if (took.harvested)
+      r.message += (r.message.empty() ? "" : "; ") + std::string("harvested from attempt ") +
+                   std::to_string(took.from_attempt) +
+                   ": its job finished while no worker watched it";
+  }
+  return r;
+}
+
+ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
   auto log = Logger("workers.slurm");
   ExecResult r;
   r.progress_to = ctx.progress;
@@ -650,17 +673,56 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
   const std::string partition = mapped ? mapped->name : opt_.partition;
   const bool spot_partition = mapped ? mapped->spot : opt_.spot_partition;
 
-  // A job of an earlier attempt of this stage still alive in Slurm (its worker died, perhaps
-  // between sbatch and storing the id) is adopted, never run twice: one job per attempt.
-  // An array task is found by its array's name and its index (the attempt's `array` file,
-  // root's, written before the array's sbatch).
+  // The job of an earlier attempt of this stage whose result no attempt has taken is taken
+  // over, never run twice: still in Slurm (its worker died, perhaps between sbatch and storing
+  // the id), it is adopted and watched; finished while no worker watched it, its exit, output
+  // and accounting are harvested as this attempt's result. Those attempts are the ones the
+  // ledger closed as lost (worker dead, lease expired) or cancelled (handed back at a worker's
+  // shutdown); a job an attempt with any other outcome recorded was taken, once, by that
+  // attempt. An array task is found by its array's name and its index (the attempt's `array`
+  // file, root's, written before the array's sbatch). Never two jobs of a stage at once: a job
+  // is submitted only when no earlier one is alive.
   std::string job_id;
   bool adopted = false;
   fs::path dir = attempt_dir(ctx.attempt);
   if (ctx.attempt > 1) {
+    auto stopped = [&](const std::string& what) {
+      r.outcome = Outcome::kCancelled;
+      r.ran_instance = false;
+      r.message = "stopped while " + what;
+      return r;
+    };
+    // The ledger's word on the earlier attempts; unknown without it (then only a live job is
+    // adopted, as before harvesting existed).
+    std::optional<std::vector<EarlierAttempt>> earlier;
+    for (double backoff = 1; ctx.earlier_attempts; backoff = std::min(backoff * 2, 30.0)) {
+      try {
+        earlier = ctx.earlier_attempts();
+        break;
+      } catch (const std::exception& e) {
+        if (ctx.stop_reason() != StopReason::kNone)
+          return stopped("the catalog did not say what earlier attempts took");
+        log->warn("stage={} attempt={}: earlier attempts unknown ({}); again in {}", ctx.spec.name,
+                  ctx.attempt, e.what(), FormatDuration(backoff));
+        SleepUnlessStopped(ctx, backoff);
+      }
+    }
+    auto open_outcome = [](Outcome o) { return o == Outcome::kLost || o == Outcome::kCancelled; };
+    std::set<std::string> taken;  // jobs whose result an attempt has taken
+    std::map<int, EarlierAttempt> ledger;
+    if (earlier)
+      for (const auto& e : *earlier) {
+        ledger[e.attempt] = e;
+        if (!e.executor_job.empty() && !open_outcome(e.outcome)) taken.insert(e.executor_job);
+      }
+    auto open_attempt = [&](int a) {
+      auto it = ledger.find(a);
+      return !earlier || it == ledger.end() || open_outcome(it->second.outcome);
+    };
     std::string names;
     std::map<std::string, std::pair<int, std::string>> arrays;  // name -> attempt, task id suffix
     for (int a = 1; a < ctx.attempt; ++a) {
+      if (!open_attempt(a)) continue;
       names += (names.empty() ? "" : ",") + SlurmJobName(ctx.run_id, ctx.stage_id, a);
       if (auto text = ReadSmallFile(attempt_dir(a) / "array")) {
         std::istringstream in(*text);
@@ -671,42 +733,86 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
         }
       }
     }
-    // Slurm not answering is "unknown": wait (the lease is kept) rather than submit blind.
-    ToolResult q;
-    for (double backoff = 1;; backoff = std::min(backoff * 2, 30.0)) {
-      q = RunTool({"squeue", "-h", "-r", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
-                   "--name=" + names, "-o", "%i|%j"});
-      if (q.code == 0) break;
-      if (ctx.stop_reason() != StopReason::kNone) {
-        r.outcome = Outcome::kCancelled;
-        r.ran_instance = false;
-        r.message = "stopped while Slurm was unreachable";
-        return r;
+    // What Slurm has of them, ended ones too (for MinJobAge after their end). Slurm not
+    // answering is "unknown": wait (the lease is kept) rather than submit blind.
+    std::map<int, slurm::JobState> in_slurm;  // by attempt
+    if (!names.empty()) {
+      ToolResult q;
+      for (double backoff = 1;; backoff = std::min(backoff * 2, 30.0)) {
+        q = RunTool({"squeue", "-h", "-r", "-t",
+                     earlier ? "all" : "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+                     "--name=" + names, "-o", "%i|%T|%r|%j"});
+        if (q.code == 0) break;
+        if (ctx.stop_reason() != StopReason::kNone) return stopped("Slurm was unreachable");
+        log->warn("stage={} attempt={}: Slurm unreachable (squeue: {}); again in {}", ctx.spec.name,
+                  ctx.attempt, q.err, FormatDuration(backoff));
+        SleepUnlessStopped(ctx, backoff);
       }
-      log->warn("stage={} attempt={}: Slurm unreachable (squeue: {}); again in {}", ctx.spec.name,
-                ctx.attempt, q.err, FormatDuration(backoff));
-      SleepUnlessStopped(ctx, backoff);
+      std::istringstream in(q.out);
+      for (std::string line; std::getline(in, line);) {
+        auto bar = line.rfind('|');
+        if (bar == std::string::npos) continue;
+        std::string name = line.substr(bar + 1);
+        auto jobs = slurm::ParseSqueue(line.substr(0, bar));
+        if (jobs.size() != 1) continue;
+        const slurm::JobState& job = jobs.begin()->second;
+        int a = 0;
+        if (auto it = arrays.find(name); it != arrays.end()) {
+          const std::string& suffix = it->second.second;
+          if (job.id.size() <= suffix.size() ||
+              job.id.compare(job.id.size() - suffix.size(), suffix.size(), suffix) != 0)
+            continue;  // another attempt's task of the same array
+          a = it->second.first;
+        } else {
+          a = std::atoi(name.substr(name.rfind("-a") + 2).c_str());
+        }
+        if (a >= 1 && a < ctx.attempt) in_slurm[a] = job;
+      }
     }
-    std::istringstream in(q.out);
-    for (std::string line; std::getline(in, line);) {
-      auto bar = line.find('|');
-      if (bar == std::string::npos) continue;
-      std::string name = line.substr(bar + 1), id = line.substr(0, bar);
-      int a = 0;
-      if (auto it = arrays.find(name); it != arrays.end()) {
-        const std::string& suffix = it->second.second;
-        if (id.size() <= suffix.size() ||
-            id.compare(id.size() - suffix.size(), suffix.size(), suffix) != 0)
-          continue;  // another attempt's task of the same array
-        a = it->second.first;
-      } else {
-        a = std::atoi(name.substr(name.rfind("-a") + 2).c_str());
+    // The newest attempt that left a job decides.
+    for (int a = ctx.attempt - 1; a >= 1; --a) {
+      if (!open_attempt(a)) continue;
+      fs::path adir = attempt_dir(a);
+      std::optional<slurm::JobState> job;
+      if (auto it = in_slurm.find(a); it != in_slurm.end()) job = it->second;
+      slurm::WrapperFiles files = ReadWrapperFiles(adir);
+      // Its id as the attempt recorded it (the `job` file, written right after sbatch), else
+      // as Slurm lists it, else as its wrapper saw it.
+      std::string id;
+      if (auto text = ReadSmallFile(adir / "job")) id = text->substr(0, text->find('\n'));
+      if (id.empty() && job) id = job->id;
+      if (id.empty()) id = files.job;
+      if (id.empty() || taken.count(id)) continue;
+      std::string why;
+      slurm::TakeOver t = slurm::DecideTakeOver(job, files, spot_partition, &why);
+      if (t == slurm::TakeOver::kNone) continue;
+      if (t == slurm::TakeOver::kHarvest && !earlier) t = slurm::TakeOver::kRunAgain;
+      if (t == slurm::TakeOver::kRunAgain) {
+        log->info(
+            "stage={} attempt={}: Slurm job {} of attempt {} ended without finishing its "
+            "work ({}): running the stage again",
+            ctx.spec.name, ctx.attempt, id, a,
+            why.empty() ? "gone from Slurm without an exit record" : why);
+        break;
       }
       job_id = id;
       adopted = true;
-      dir = attempt_dir(a);
-      log->info("stage={} attempt={}: adopting Slurm job {} of attempt {}", ctx.spec.name,
-                ctx.attempt, job_id, a);
+      dir = adir;
+      took->from_attempt = a;
+      // Ended in Slurm, its exit record on its way: harvested too, once the record lands.
+      took->harvested = t == slurm::TakeOver::kHarvest || (job && !slurm::ActiveState(job->state));
+      for (const auto& [n, e] : ledger)
+        if (open_outcome(e.outcome) && (e.executor_job == id || (e.executor_job.empty() && n == a)))
+          took->billed_before += e.sim_seconds;
+      if (took->harvested)
+        log->info(
+            "stage={} attempt={}: harvesting Slurm job {} of attempt {}: it finished ({}) "
+            "while no worker watched it",
+            ctx.spec.name, ctx.attempt, job_id, a, job ? job->state : "gone from squeue");
+      else
+        log->info("stage={} attempt={}: adopting Slurm job {} of attempt {}", ctx.spec.name,
+                  ctx.attempt, job_id, a);
+      break;
     }
   }
 
@@ -793,11 +899,19 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
       if (std::string g = slurm::GresRequest(*mapped, ctx.instance_count, tp); !g.empty())
         options.push_back("--gres=" + g);
     }
-    if (!opt_.account.empty()) options.push_back("--account=" + opt_.account);
+    // The project's own account and QOS (--slurm-config's `accounts:`), else the default:
+    // the site's fairshare, QOS limits and sshare see each project as its own.
+    slurm::SlurmAccount account = slurm::AccountFor(opt_.accounts, ctx.project);
+    if (account.account.empty()) account.account = opt_.account;
+    if (!account.account.empty()) options.push_back("--account=" + account.account);
+    if (!account.qos.empty()) options.push_back("--qos=" + account.qos);
     if (ctx.spec.timeout_s > 0) {
       // Slurm's limit is in whole minutes of wall time, with room for the grace: trnflow's own
       // clock ends the attempt at its timeout; Slurm's limit is the backstop.
-      double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 1;
+      // --signal=B:USR1@120 is Slurm's notice two minutes before that limit: the limit leaves
+      // those two minutes after the grace, or a short timeout's job would get its "notice" at
+      // once (judged a spot interruption, its workload stopped as it starts).
+      double wall_min = std::ceil(ctx.spec.timeout_s / ctx.speed / 60) + 3;
       options.push_back("--time=" + std::to_string(static_cast<long>(wall_min)));
     }
     Submitted sub;
@@ -822,6 +936,13 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
       return r;
     }
     job_id = sub.job_id;
+    // Beside the attempt's files, the id as the attempt records it: an attempt taking the
+    // stage over knows the job by it even when Slurm lists it no more.
+    try {
+      WriteFileAtomically(dir / "job", job_id + "\n", 0600);
+    } catch (const std::exception& e) {
+      log->warn("stage={} attempt={}: {}", ctx.spec.name, ctx.attempt, e.what());
+    }
     log->info("stage={} attempt={}: Slurm job {}", ctx.spec.name, ctx.attempt, job_id);
   }
   if (adopted) arrays_->Acquire(1, 0, ctx);  // counted, never waited for
@@ -829,7 +950,23 @@ ExecResult SlurmExecutor::Run(const ExecContext& ctx) {
     Arrays* a;
     ~InFlight() { a->Release(1); }
   } in_flight{arrays_.get()};
-  if (ctx.record_executor_job) ctx.record_executor_job(job_id);
+  if (ctx.record_executor_job) {
+    bool recorded = ctx.record_executor_job(job_id);
+    // A job taken over is this attempt's only once the ledger says so: an attempt that took
+    // its result without the record would leave it to be taken again. Not recorded (the lease
+    // is gone, or the catalog did not answer): nothing is taken; the next attempt decides.
+    for (int tries = 1; !recorded && adopted && tries < 4 && ctx.stop_reason() == StopReason::kNone;
+         ++tries) {
+      SleepUnlessStopped(ctx, tries);
+      recorded = ctx.record_executor_job(job_id);
+    }
+    if (!recorded && adopted) {
+      took->from_attempt = 0;
+      return infra("Slurm job " + job_id +
+                   " of an earlier attempt not taken: its id did not "
+                   "reach the catalog");
+    }
+  }
 
   // Watch it: the wrapper's files, the job's output (into the attempt's log), Slurm's state.
   monitor_->Watch(job_id);

@@ -274,6 +274,14 @@ FOR UPDATE OF s SKIP LOCKED;
 UPDATE trnflow.stages s SET attempt_executor_job = $3
 WHERE s.id = $1 AND s.state = 'running' AND s.attempts = $2 AND s.lease_owner = $4::uuid
 
+-- name: EarlierAttempts
+-- A stage's attempts before $2, as the ledger has them: the Slurm executor's claim of an
+-- attempt looks for an earlier attempt's job whose result no attempt has taken yet (one that
+-- finished while no worker watched it is harvested, not run again: docs/executors.md). By the
+-- ledger's (stage_id, attempt, started_at) key in each partition.
+SELECT attempt, outcome, coalesce(executor_job, ''), coalesce(sim_seconds, 0)::float8
+FROM trnflow.attempts WHERE stage_id = $1 AND attempt < $2 ORDER BY attempt;
+
 -- name: EndMemberBlockers
 -- Members' sessions a daemon has waited on for longer than $1 seconds, ended (migration 0023).
 SELECT pid, member, waited_s FROM trnflow.end_member_blockers($1);

@@ -167,6 +167,9 @@ int64_t RunIdOf(const std::string& json) {
 
 std::vector<std::string> DaemonEnv() { return {"TRNFLOW_HOME=" + CliHome()}; }
 
+// A run's directory (${{ run.dir }}), where its jobs write what the test reads.
+std::string RunDirOf(int64_t run) { return CliHome() + "/runs/" + std::to_string(run); }
+
 std::unique_ptr<Daemon> SlurmWorker(const std::string& name, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"worker", "--pool", "cpu=4", "--lease", "3s", "--executor",
                                    "slurm"};
@@ -804,6 +807,11 @@ TEST(Slurm, AStageThatOverrunsItsTimeoutIsCancelledAsATimeout) {
   std::string job = AttemptCol(run, "work", 1, "executor_job"), state;
   EXPECT_TRUE(WaitFor([&] { return (state = JobState(job)) != "COMPLETING"; }, 30)) << state;
   EXPECT_EQ(state, "CANCELLED");
+  // Slurm's limit, the backstop, leaves its two-minute notice (--signal=B:USR1@120) after
+  // trnflow's own timeout and grace: with a limit of two minutes the "notice" could come at
+  // once, and the attempt was judged a spot interruption.
+  std::string shown = ShOutput("scontrol show job " + job);
+  EXPECT_NE(shown.find("TimeLimit=00:04:00"), std::string::npos) << shown;
 }
 
 TEST(Slurm, SlurmctldDownFor30sKeepsTheLeaseAndConcludesNothing) {
@@ -849,6 +857,193 @@ TEST(Slurm, AWorkerKilledMidJobIsReplacedAndTheJobAdoptedNotRunTwice) {
   EXPECT_EQ(AttemptCol(run, "work", 2, "outcome"), "succeeded");
   EXPECT_EQ(AttemptCol(run, "work", 2, "executor_job"), job) << "attempt 2 did not adopt the job";
   EXPECT_EQ(JobsOfStage(run, "work"), 1) << "Slurm ran the stage more than once";
+}
+
+// The site's fairness sees each project: --slurm-config's `accounts:` puts a project's jobs
+// under its own Slurm account and QOS (single jobs and array tasks alike), a project it does not
+// name under the default. The test cluster enforces associations (ops/slurm.sh), so Slurm would
+// refuse a job under an account it does not know; the worker refuses such a map at start.
+TEST(Slurm, EachProjectsJobsGoInUnderItsOwnAccountAndQos) {
+  std::string config = WriteTempFile("accounts.yaml",
+                                     "max_array_size: 10\n"
+                                     "accounts:\n"
+                                     "  slurm-vision: {account: vision, qos: high}\n"
+                                     "  slurm-nlp: nlp\n"
+                                     "default_account: lab\n");
+  auto account_of = [](const std::string& job) {
+    std::string shown = ShOutput("scontrol show job " + job);
+    auto field = [&](const std::string& key) {
+      auto at = shown.find(" " + key + "=");
+      if (at == std::string::npos) return std::string("?");
+      at += key.size() + 2;
+      return shown.substr(at, shown.find_first_of(" \n", at) - at);
+    };
+    return field("Account") + "/" + field("QOS");
+  };
+  auto run = [&](const std::string& project, const std::string& yaml_extra = "") {
+    std::string yaml = "pipeline: slurm-account-" + project + "\nproject: " + project +
+                       "\nstages:\n  work:\n    run: echo charged\n" + yaml_extra;
+    auto r = RunTrnflow("run " + WriteTempFile(project + ".yaml", yaml) +
+                        " --speed 1 --executor slurm --slurm-config " + config + " --format json");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? RunIdOf(r.out) : int64_t{0};
+  };
+  int64_t vision = run("slurm-vision"), nlp = run("slurm-nlp"), other = run("slurm-other");
+  ASSERT_TRUE(vision && nlp && other);
+  std::string job = AttemptCol(vision, "work", 1, "executor_job");
+  EXPECT_EQ(account_of(job), "vision/high");
+  // slurmdbd has it under the project's account too: what fairshare and sshare count.
+  EXPECT_TRUE(WaitFor(
+      [&] { return ShOutput("sacct -X -n -P -j " + job + " -o account,qos") == "vision|high"; },
+      10))
+      << ShOutput("sacct -X -n -P -j " + job + " -o account,qos");
+  EXPECT_EQ(account_of(AttemptCol(nlp, "work", 1, "executor_job")), "nlp/normal");
+  // A project the map does not name: the default account.
+  EXPECT_EQ(account_of(AttemptCol(other, "work", 1, "executor_job")), "lab/normal");
+
+  // Array tasks carry their project's account as single jobs do.
+  int64_t sweep = run("slurm-vision", "    matrix: {i: [0, 1, 2]}\n");
+  ASSERT_TRUE(sweep);
+  for (const char* n : {"work[i=0]", "work[i=1]", "work[i=2]"}) {
+    std::string task = AttemptCol(sweep, n, 1, "executor_job");
+    EXPECT_NE(task.find('_'), std::string::npos) << n << ": " << task << " is not an array task";
+    EXPECT_EQ(account_of(task), "vision/high") << n;
+  }
+
+  // Without default_account, the worker's --account is the default; both, different, are
+  // refused.
+  std::string only_vision =
+      WriteTempFile("accounts-vision.yaml", "accounts: {slurm-vision: vision}\n");
+  auto flagged = RunTrnflow("run " + WriteTempFile("flag.yaml", OneStage("slurm-flag", "true")) +
+                            " --speed 1 --executor slurm --account nlp --slurm-config " +
+                            only_vision + " --format json");
+  ASSERT_EQ(flagged.exit_code, 0) << flagged.err;
+  EXPECT_EQ(account_of(AttemptCol(RunIdOf(flagged.out), "work", 1, "executor_job")), "nlp/normal");
+  auto both = RunTrnflow("run " + WriteTempFile("x.yaml", OneStage("slurm-x", "true")) +
+                         " --executor slurm --account nlp --slurm-config " + config);
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  EXPECT_NE(both.err.find("disagree"), std::string::npos) << both.err;
+
+  // An account or QOS Slurm does not have is the operator's error at start (exit 2), with the
+  // closest name; a bad key, with its place in the file.
+  std::string typo = WriteTempFile("accounts-typo.yaml", "accounts:\n  slurm-vision: visoin\n");
+  auto refused = RunTrnflow("run " + WriteTempFile("x.yaml", OneStage("slurm-x", "true")) +
+                            " --executor slurm --slurm-config " + typo);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find(typo + ": project slurm-vision's account visoin: Slurm has no such "
+                                    "account; did you mean 'vision'"),
+            std::string::npos)
+      << refused.err;
+  std::string bad = WriteTempFile("accounts-bad.yaml", "accounts:\n  slurm-vision: {qos: high}\n");
+  refused = RunTrnflow("run " + WriteTempFile("x.yaml", OneStage("slurm-x", "true")) +
+                       " --executor slurm --slurm-config " + bad);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find(bad + ":2:3: project slurm-vision has no `account:`"),
+            std::string::npos)
+      << refused.err;
+}
+
+// A worker is killed -9 while its stages' jobs run; the jobs finish while no worker watches,
+// and the scheduler closes the attempts as lost. The next worker's attempts take the finished
+// jobs' results (exit, output, accounting) instead of running the work again, each job's
+// once: `ok` succeeds from its job; `bad`'s job exited 75 (an infra error, retried), which its
+// second attempt takes, and its third attempt runs a job of its own rather than take that
+// result a second time.
+TEST(Slurm, AJobThatFinishedWhileItsWorkerWasDeadIsHarvestedOnceNotRunAgain) {
+  Daemon scheduler("harvest-scheduler", {"scheduler"}, DaemonEnv());
+  scheduler.Start();
+  auto first = SlurmWorker("harvest-worker-1");
+  std::string yaml = R"yaml(pipeline: slurm-harvest
+project: slurm-lab
+stages:
+  ok:
+    shell: true
+    run: 'echo "ran $TRNFLOW_ATTEMPT" >> $TRNFLOW_RUN_DIR/ok.count; sleep 8; echo "ok finished by attempt $TRNFLOW_ATTEMPT"'
+    retry: {max_attempts: 3, backoff: {initial: 1s}}
+  bad:
+    shell: true
+    run: 'echo "ran $TRNFLOW_ATTEMPT" >> $TRNFLOW_RUN_DIR/bad.count; sleep 8; if [ $TRNFLOW_ATTEMPT = 1 ]; then exit 75; fi; echo recovered'
+    retry: {max_attempts: 3, backoff: {initial: 1s}}
+)yaml";
+  int64_t run = Submit(yaml, "harvest");
+  std::string uid = Query("SELECT job_uid FROM trnflow.projects WHERE name = 'slurm-lab'");
+  fs::path attempts =
+      fs::path(CliHome()) / "slurm" / ("uid-" + uid) / ("run-" + std::to_string(run));
+  std::map<std::string, std::string> jobs;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const char* n : {"ok", "bad"}) {
+          jobs[n] = AttemptCol(run, n, 1, "executor_job");
+          if (jobs[n].empty() || !fs::exists(attempts / (std::string(n) + ".attempt-1") / "begin"))
+            return false;
+        }
+        return true;
+      },
+      60))
+      << ShOutput("squeue -h -t all -o '%i %j %T'");
+  first->Kill(SIGKILL);
+  // Both jobs end in Slurm and both attempts are closed as lost before any worker looks again.
+  for (const char* n : {"ok", "bad"}) {
+    SCOPED_TRACE(n);
+    std::string state;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          state = JobState(jobs[n]);
+          return state == "COMPLETED" || state == "FAILED";
+        },
+        60))
+        << state;
+    EXPECT_TRUE(WaitFor([&] { return AttemptCol(run, n, 1, "outcome") == "lost"; }, 60))
+        << AttemptCol(run, n, 1, "outcome");
+  }
+  auto second = SlurmWorker("harvest-worker-2");
+  ASSERT_TRUE(WaitFor([&] { return RunStateText(run) == "succeeded"; }, 90))
+      << RunStateText(run) << " " << AttemptCol(run, "ok", 2, "message") << " | "
+      << AttemptCol(run, "bad", 2, "message") << " | " << AttemptCol(run, "bad", 3, "message");
+
+  // ok: its job's success is attempt 2's; Slurm ran it once, its command ran once.
+  EXPECT_EQ(AttemptCol(run, "ok", 2, "outcome"), "succeeded");
+  EXPECT_EQ(AttemptCol(run, "ok", 2, "executor_job"), jobs["ok"]);
+  EXPECT_NE(AttemptCol(run, "ok", 2, "message").find("harvested from attempt 1"), std::string::npos)
+      << AttemptCol(run, "ok", 2, "message");
+  EXPECT_EQ(AttemptCol(run, "ok", 3, "attempt"), "");
+  EXPECT_EQ(JobsOfStage(run, "ok"), 1) << "Slurm ran the stage more than once";
+  EXPECT_EQ(testing::ReadFile(RunDirOf(run) + "/ok.count"), "ran 1\n");
+  auto logs = RunTrnflow("logs " + std::to_string(run) + " ok");
+  EXPECT_NE(logs.out.find("ok finished by attempt 1"), std::string::npos) << logs.out << logs.err;
+  // Billed once: the lost attempt to its last heartbeat, the harvest the rest of what
+  // slurmdbd accounted for the job (to within its one-second resolution), not all of it again.
+  double elapsed = -1;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::string e = ShOutput("sacct -X -n -P -j " + jobs["ok"] + " -o elapsed");
+        if (e.size() < 8) return false;
+        elapsed = std::stoi(e.substr(0, 2)) * 3600 + std::stoi(e.substr(3, 2)) * 60 +
+                  std::stoi(e.substr(6, 2));
+        return true;
+      },
+      10));
+  double first_billed = QueryNumber("SELECT sim_seconds FROM trnflow.attempts WHERE stage_id = " +
+                                    StageId(run, "ok") + " AND attempt = 1");
+  double harvest_billed = QueryNumber("SELECT sim_seconds FROM trnflow.attempts WHERE stage_id = " +
+                                      StageId(run, "ok") + " AND attempt = 2");
+  EXPECT_GE(elapsed, 8);
+  EXPECT_NEAR(first_billed + harvest_billed, elapsed, 1.5)
+      << "attempt 1 " << first_billed << " s, attempt 2 " << harvest_billed << " s, job "
+      << elapsed;
+  EXPECT_GT(harvest_billed, 0);
+
+  // bad: attempt 2 took its job's exit 75 (once); attempt 3 ran a job of its own.
+  EXPECT_EQ(AttemptCol(run, "bad", 2, "outcome"), "infra_error");
+  EXPECT_EQ(AttemptCol(run, "bad", 2, "executor_job"), jobs["bad"]);
+  EXPECT_NE(AttemptCol(run, "bad", 2, "message").find("harvested from attempt 1"),
+            std::string::npos)
+      << AttemptCol(run, "bad", 2, "message");
+  EXPECT_EQ(AttemptCol(run, "bad", 3, "outcome"), "succeeded");
+  EXPECT_NE(AttemptCol(run, "bad", 3, "executor_job"), jobs["bad"]);
+  EXPECT_EQ(AttemptCol(run, "bad", 3, "message").find("harvested"), std::string::npos);
+  EXPECT_EQ(JobsOfStage(run, "bad"), 2);
+  EXPECT_EQ(testing::ReadFile(RunDirOf(run) + "/bad.count"), "ran 1\nran 3\n");
 }
 
 }  // namespace

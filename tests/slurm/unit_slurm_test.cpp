@@ -285,7 +285,91 @@ TEST(SlurmPartitions, ArrayLimitsAndTheWindowAreConfigured) {
             "cluster's MaxArraySize; 1: no arrays)");
   EXPECT_EQ(ParsePartitions("partitions: {}\narray_windw: 2s\n", "a.yaml", &parts, &lim),
             "a.yaml:2:1: unknown key `array_windw`; the file has `partitions:`, `max_array_size:`, "
-            "`max_submit_jobs:` and `array_window:`");
+            "`max_submit_jobs:`, `array_window:`, `accounts:`, `default_account:` and "
+            "`default_qos:`");
+}
+
+// The project -> Slurm account (and QOS) map beside the partitions, with its default, and bad
+// entries named with file:line:col and the fix.
+TEST(SlurmAccounts, EachProjectHasItsAccountAndTheRestTheDefault) {
+  SlurmConfig c;
+  ASSERT_EQ(ParseSlurmConfig("accounts:\n"
+                             "  vision: vision-lab\n"
+                             "  nlp: {account: nlp, qos: high}\n"
+                             "default_account: lab\n"
+                             "default_qos: normal\n",
+                             "s.yaml", &c),
+            "");
+  EXPECT_TRUE(c.partitions.empty());  // a file of accounts alone is a whole file
+  EXPECT_EQ(AccountFor(c.accounts, "vision").account, "vision-lab");
+  EXPECT_EQ(AccountFor(c.accounts, "vision").qos, "normal");  // the default QOS
+  EXPECT_EQ(AccountFor(c.accounts, "nlp").account, "nlp");
+  EXPECT_EQ(AccountFor(c.accounts, "nlp").qos, "high");
+  EXPECT_EQ(AccountFor(c.accounts, "climate").account, "lab");
+  EXPECT_EQ(AccountFor(c.accounts, "climate").qos, "normal");
+  // No default: nothing given (the worker's --account, else Slurm's default for the user).
+  ASSERT_EQ(ParseSlurmConfig("partitions: {}\naccounts: {vision: v}\n", "s.yaml", &c), "");
+  EXPECT_EQ(AccountFor(c.accounts, "nlp").account, "");
+  EXPECT_EQ(AccountFor(c.accounts, "nlp").qos, "");
+
+  EXPECT_EQ(ParseSlurmConfig("accounts:\n  vision: {acount: v}\n", "s.yaml", &c),
+            "s.yaml:2:12: unknown key `acount`; a project's entry has `account:` and `qos:`");
+  EXPECT_EQ(ParseSlurmConfig("accounts:\n  vision: {qos: high}\n", "s.yaml", &c),
+            "s.yaml:2:3: project vision has no `account:`; name the Slurm account its jobs are "
+            "charged to");
+  EXPECT_EQ(ParseSlurmConfig("accounts:\n  vision: 'a b'\n", "s.yaml", &c),
+            "s.yaml:2:11: the account of project vision: expected a Slurm account name "
+            "(letters, digits, `_`, `-`, `.`), as `sacctmgr show account` lists it");
+  EXPECT_EQ(ParseSlurmConfig("accounts:\n  vision: {account: v, qos: [a]}\n", "s.yaml", &c),
+            "s.yaml:2:29: `qos` of project vision: expected a Slurm QOS name (letters, digits, "
+            "`_`, `-`, `.`), as `sacctmgr show qos` lists it");
+  EXPECT_EQ(ParseSlurmConfig("accounts: [vision]\n", "s.yaml", &c).substr(0, 24),
+            "s.yaml:1:11: `accounts`:");
+  EXPECT_EQ(ParseSlurmConfig("default_acount: lab\n", "s.yaml", &c),
+            "s.yaml:1:1: unknown key `default_acount`; the file has `partitions:`, "
+            "`max_array_size:`, `max_submit_jobs:`, `array_window:`, `accounts:`, "
+            "`default_account:` and `default_qos:`");
+  EXPECT_EQ(ParseSlurmConfig("default_qos: {}\n", "s.yaml", &c).substr(0, 27),
+            "s.yaml:1:14: `default_qos`:");
+}
+
+// What a new attempt does with an earlier attempt's job that no attempt took the result of:
+// alive, adopted; finished its work, harvested; ended without finishing it, run again.
+TEST(SlurmTakeOver, ALiveJobIsAdoptedAFinishedOneHarvestedALostOneRunAgain) {
+  auto state = [](const std::string& s) {
+    JobState j;
+    j.id = "41";
+    j.state = s;
+    return std::optional<JobState>(j);
+  };
+  WrapperFiles none, began = ParseWrapperFiles("1.0 41 node1", false, std::nullopt);
+  auto exited = [](int code) {
+    return ParseWrapperFiles("1.0 41 node1", false, std::to_string(code) + " 46.0");
+  };
+  EXPECT_EQ(DecideTakeOver(state("RUNNING"), began, false), TakeOver::kAdopt);
+  EXPECT_EQ(DecideTakeOver(state("PENDING"), none, false), TakeOver::kAdopt);
+  // Finished, while no worker watched: its end is the attempt's result, whatever it was.
+  std::string why;
+  EXPECT_EQ(DecideTakeOver(state("COMPLETED"), exited(0), false, &why), TakeOver::kHarvest);
+  EXPECT_EQ(DecideTakeOver(std::nullopt, exited(0), false), TakeOver::kHarvest);  // past MinJobAge
+  EXPECT_EQ(DecideTakeOver(state("FAILED"), exited(3), false, &why), TakeOver::kHarvest);
+  EXPECT_EQ(why, "exited with code 3");
+  EXPECT_EQ(DecideTakeOver(state("TIMEOUT"), began, false), TakeOver::kHarvest);
+  EXPECT_EQ(DecideTakeOver(state("COMPLETED"), exited(75), false), TakeOver::kHarvest);
+  // Ended in Slurm, its exit record not written yet: watched until it comes (or its grace ends).
+  EXPECT_EQ(DecideTakeOver(state("COMPLETED"), began, false), TakeOver::kAdopt);
+  // Its work not done: a job of its own.
+  EXPECT_EQ(DecideTakeOver(state("NODE_FAIL"), began, false, &why), TakeOver::kRunAgain);
+  EXPECT_NE(why.find("NODE_FAIL"), std::string::npos);
+  EXPECT_EQ(DecideTakeOver(state("PREEMPTED"), exited(143), false), TakeOver::kRunAgain);
+  EXPECT_EQ(DecideTakeOver(state("CANCELLED"), exited(143), false), TakeOver::kRunAgain);
+  EXPECT_EQ(DecideTakeOver(state("CANCELLED"), none, false), TakeOver::kRunAgain);
+  EXPECT_EQ(DecideTakeOver(std::nullopt, began, false), TakeOver::kRunAgain);
+  EXPECT_EQ(DecideTakeOver(std::nullopt, none, false), TakeOver::kNone);
+  // A notice before the end: an interruption, resumed by a job of its own.
+  EXPECT_EQ(DecideTakeOver(state("COMPLETED"),
+                           ParseWrapperFiles("1.0 41 node1", true, std::string("0 46.0")), false),
+            TakeOver::kRunAgain);
 }
 
 // Where billing reads a finished job, from `scontrol show config`: the accounting storage
