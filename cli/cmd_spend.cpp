@@ -423,10 +423,11 @@ int CmdProjectUpdate(const std::string& name, std::optional<int> max_stages_per_
                     ": nothing to change; say --weight, --max-running, --max-stages-per-run, "
                     "--max-queued-stages or --job-uid");
   auto catalog = OpenCatalog(CatalogLogin::kAdmin);
-  // The share first: it says when the project does not exist.
-  catalog->SetProjectShare(name, share);
+  // Quotas first: a uid another project has is refused before anything is written, and on a
+  // project that does not exist they change nothing while the share then says it is missing.
   if (max_stages_per_run || max_queued_stages || job_uid)
     catalog->SetProjectQuotas(name, max_stages_per_run, max_queued_stages, job_uid);
+  catalog->SetProjectShare(name, share);
   for (const auto& p : catalog->ListProjects(/*with_share=*/true))
     if (p.name == name) std::cout << "project " << name << ": " << ShareText(p) << "\n";
   return kExitOk;
