@@ -99,6 +99,22 @@ TEST_F(FleetShare, OneSlotFreeingAtATimeKeepsEveryGroupMoving) {
   }
   SubmitSweep(c, "fs-nlp", 10);
   SubmitSweep(c, "fs-climate", 10);
+  // /metrics shows each project's queue and share: a starved group is visible.
+  std::map<std::string, double> samples;
+  for (const auto& m : c.Metrics())
+    if (m.name.rfind("trnflow_project_", 0) == 0) {
+      auto labels = nlohmann::json::parse(m.labels_json);
+      samples[m.name + "/" + labels["project"].get<std::string>() + "/" +
+              labels["pool"].get<std::string>()] = m.value;
+    }
+  EXPECT_EQ(samples["trnflow_project_ready_stages/fs-vision/cpu"], 284);
+  EXPECT_EQ(samples["trnflow_project_running_stages/fs-vision/cpu"], 16);
+  EXPECT_EQ(samples["trnflow_project_running_instances/fs-vision/cpu"], 16);
+  EXPECT_EQ(samples["trnflow_project_ready_stages/fs-climate/cpu"], 10);
+  EXPECT_EQ(samples["trnflow_project_running_stages/fs-climate/cpu"], 0);
+  EXPECT_GE(samples["trnflow_project_oldest_ready_age_seconds/fs-vision/cpu"],
+            samples["trnflow_project_oldest_ready_age_seconds/fs-climate/cpu"]);
+  EXPECT_EQ(samples.count("trnflow_project_oldest_ready_age_seconds/fs-nlp/cpu"), 1u);
   // Slots free one at a time, oldest first; each free is one claim of one slot.
   std::map<std::string, int> started;
   std::map<std::string, int> first_free;  // the free at which a project first got a slot
