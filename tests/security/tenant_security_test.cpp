@@ -242,7 +242,7 @@ TEST_F(Tenants, QuotasRefuseASubmitWithTheFigures) {
 }
 
 // While one project has 20,000 stages ready in a pool, another's single stage is in the very
-// next claim: claims take turns between projects.
+// next claim: the pool is shared by running share (tests/fleet_share_test.cpp has the rest).
 TEST_F(Tenants, ClaimsShareAPoolBetweenProjects) {
   std::string y = "pipeline: flood\nproject: ten-flood\nstages:\n";
   for (const char* stage : {"s", "t"}) {  // two sweeps of 10,000 (a matrix's most)
