@@ -164,16 +164,8 @@ int main(int argc, char** argv) {
           return {s.project, next_index[s.project]++, g, s.stage_id};
         },
         [&](int64_t stage_id) {
-          const auto& s = running.at(stage_id);
-          schema::AttemptResult r;
-          r.stage_id = s.stage_id;
-          r.attempt = s.attempt;
-          r.lease_owner = worker;
-          r.outcome = Outcome::kSucceeded;
-          r.next_state = StageState::kSucceeded;
-          r.next_market = s.market;
-          r.progress_to = 1;
-          schema::testing::CompleteAttempts(c, {r});
+          schema::testing::CompleteAttempts(
+              c, {schema::testing::Succeeded(running.at(stage_id), worker)});
           running.erase(stage_id);
         });
     wall_s = std::chrono::duration<double>(Clock::now() - t0).count();

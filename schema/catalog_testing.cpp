@@ -42,6 +42,18 @@ void RunOutsideTransaction(Catalog& catalog, const std::string& sql) {
   });
 }
 
+AttemptResult Succeeded(const ClaimedStage& claimed, const std::string& owner) {
+  AttemptResult r;
+  r.stage_id = claimed.stage_id;
+  r.attempt = claimed.attempt;
+  r.lease_owner = owner;
+  r.outcome = Outcome::kSucceeded;
+  r.next_state = StageState::kSucceeded;
+  r.next_market = claimed.market;
+  r.progress_to = 1;
+  return r;
+}
+
 std::vector<LeaseKey> CompleteAttempts(Catalog& catalog,
                                        const std::vector<AttemptResult>& results) {
   if (results.empty()) return {};

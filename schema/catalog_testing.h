@@ -27,6 +27,8 @@ void RunOutsideTransaction(Catalog& catalog, const std::string& sql);
 // worker's CompleteAndClaim does, without claiming again. Returns the results that were applied
 // (a stale result is silently dropped).
 std::vector<LeaseKey> CompleteAttempts(Catalog& catalog, const std::vector<AttemptResult>& results);
+// The result that closes a claimed attempt as succeeded under `owner`'s lease, nothing billed.
+AttemptResult Succeeded(const ClaimedStage& claimed, const std::string& owner);
 
 // Recomputes what the ledger's triggers keep from the closed ledger rows (spend_rollup and
 // /metrics' counters, migration 0024); for ledgers loaded in bulk with the triggers off.

@@ -44,17 +44,6 @@ int64_t SubmitSweep(schema::Catalog& c, const std::string& project, int n,
   return c.SubmitRun(testing::MustParse(Sweep(project, n, extra)), testing::FastSubmit());
 }
 
-schema::AttemptResult Succeeded(const schema::ClaimedStage& s, const std::string& owner) {
-  schema::AttemptResult r;
-  r.stage_id = s.stage_id;
-  r.attempt = s.attempt;
-  r.lease_owner = owner;
-  r.outcome = Outcome::kSucceeded;
-  r.next_state = StageState::kSucceeded;
-  r.progress_to = 1;
-  return r;
-}
-
 std::map<std::string, int> RunningByProject(schema::Catalog& owner) {
   std::map<std::string, int> out;
   std::string rows = schema::testing::QueryValue(
@@ -119,8 +108,10 @@ TEST_F(FleetShare, OneSlotFreeingAtATimeKeepsEveryGroupMoving) {
   std::map<std::string, int> started;
   std::map<std::string, int> first_free;  // the free at which a project first got a slot
   for (int free = 1; free <= 40; ++free) {
-    ASSERT_EQ(schema::testing::CompleteAttempts(c, {Succeeded(running.front(), kWorker)}).size(),
-              1u);
+    ASSERT_EQ(
+        schema::testing::CompleteAttempts(c, {schema::testing::Succeeded(running.front(), kWorker)})
+            .size(),
+        1u);
     running.erase(running.begin());
     auto got = c.ClaimReadyStages("cpu", 1, kWorker, "fs:1", 60);
     ASSERT_EQ(got.size(), 1u) << "free " << free;
@@ -172,8 +163,10 @@ TEST_F(FleetShare, WeightsTwoToOneGiveTwoToOneRunningShares) {
   // every claim (±1 while a free is being refilled), and the window's starts are 2:1.
   std::map<std::string, int> started;
   for (int free = 0; free < 60; ++free) {
-    ASSERT_EQ(schema::testing::CompleteAttempts(c, {Succeeded(running.front(), kWorker)}).size(),
-              1u);
+    ASSERT_EQ(
+        schema::testing::CompleteAttempts(c, {schema::testing::Succeeded(running.front(), kWorker)})
+            .size(),
+        1u);
     running.erase(running.begin());
     auto got = c.ClaimReadyStages("cpu", 1, kWorker, "fs:1", 60);
     ASSERT_EQ(got.size(), 1u);
