@@ -100,6 +100,9 @@ struct StageSpec {
   RetryPolicy retry;
   CheckpointPolicy checkpoint;
   double timeout_s = 0;  // 0: none
+  // run: stages: `estimate:`, how long the command is expected to run (simulated seconds; 0:
+  // not given). A budgeted attempt without a timeout reserves it, with a margin.
+  double estimate_s = 0;
   // Compile stages: the key is known from the file (sha256 of cache_inputs, the canonical JSON
   // of everything that changes the graph). Other stages with cache: true get theirs when they
   // run, over their kind, parameters and the digests of what they consume.

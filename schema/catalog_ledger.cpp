@@ -160,6 +160,22 @@ std::vector<BudgetRow> Catalog::ProjectBudgets(const std::string& project) {
   });
 }
 
+std::optional<BudgetWaitRow> Catalog::StageBudgetWait(int64_t run_id, int64_t stage_id) {
+  return impl_->Guard([&]() -> std::optional<BudgetWaitRow> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "StageBudgetWait", run_id, stage_id);
+    if (r.empty()) return std::nullopt;
+    BudgetWaitRow w;
+    w.since = r[0][0].as<std::string>();
+    w.needs = MoneyOf(r[0][1]);
+    w.left = MoneyOf(r[0][2]);
+    w.held = MoneyOf(r[0][3]);
+    w.holders = r[0][4].is_null() ? 0 : r[0][4].as<int>();
+    w.scope = r[0][5].is_null() ? "" : r[0][5].as<std::string>();
+    return w;
+  });
+}
+
 void Catalog::RecordBudgetNotice(const std::string& project, int percent) {
   impl_->Guard([&] {
     pqxx::work tx(impl_->C());
