@@ -129,6 +129,7 @@ bool Catalog::RemoveBudget(const std::string& project) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     bool removed = !impl_->Exec(tx, "RemoveBudget", project).empty();
+    impl_->Exec(tx, "WakeBudgetWaits", project);  // nothing holds them back any more
     tx.commit();
     return removed;
   });
@@ -139,6 +140,7 @@ void Catalog::SetBudget(const std::string& project, Money amount, const std::str
     pqxx::work tx(impl_->C());
     impl_->Exec(tx, "EnsureProject", project);
     impl_->Exec(tx, "UpsertBudget", project, amount.ToDecimal(), period);
+    impl_->Exec(tx, "WakeBudgetWaits", project);  // a raised budget may cover them now
     tx.commit();
   });
 }

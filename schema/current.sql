@@ -1313,6 +1313,7 @@ DECLARE
   minute numeric;
   grant_usd numeric;
   began boolean;
+  tries int;
   cancelled boolean;
 BEGIN
   IF coalesce(array_length(p_stages, 1), 0) > 10000
@@ -1350,22 +1351,25 @@ BEGIN
       CONTINUE;
     END IF;
     -- Wait, without a ledger row: the claim is undone (its attempt number given back) and the
-    -- stage retries when an attempt of its project closes, or in 30 s.
-    UPDATE trnflow.stages s
-    SET state = 'retry_wait', attempts = s.attempts - 1, lease_owner = NULL,
-        lease_expires_at = NULL, retry_at = now() + interval '30 seconds',
-        ready_at = now() + interval '30 seconds', attempt_cap_usd = NULL,
-        attempt_reserved_usd = NULL, live_progress = NULL, live_sim_seconds = NULL,
-        live_eta_s = NULL
-    WHERE s.id = a.id;
-    DELETE FROM trnflow.running_stages q WHERE q.run_id = a.run_id AND q.stage_id = a.id;
+    -- stage retries when an attempt of its project closes, or by itself after a backoff.
     INSERT INTO trnflow.budget_waits AS w (stage_id, run_id, project, needs_usd, left_usd,
                                            held_usd, holders)
     VALUES (a.id, a.run_id, a.project, want, greatest(l.left_usd, 0), l.held_usd, l.holders)
     ON CONFLICT (stage_id) DO UPDATE
       SET needs_usd = EXCLUDED.needs_usd, left_usd = EXCLUDED.left_usd,
-          held_usd = EXCLUDED.held_usd, holders = EXCLUDED.holders, checked_at = now()
-    RETURNING (w.since = w.checked_at) INTO began;
+          held_usd = EXCLUDED.held_usd, holders = EXCLUDED.holders, checked_at = now(),
+          tries = least(w.tries + 1, 100)
+    RETURNING w.tries INTO tries;
+    began := tries = 0;
+    UPDATE trnflow.stages s
+    SET state = 'retry_wait', attempts = s.attempts - 1, lease_owner = NULL,
+        lease_expires_at = NULL,
+        retry_at = now() + make_interval(secs => least(30 * 2 ^ least(tries, 5), 600)),
+        ready_at = now() + make_interval(secs => least(30 * 2 ^ least(tries, 5), 600)),
+        attempt_cap_usd = NULL, attempt_reserved_usd = NULL, live_progress = NULL,
+        live_sim_seconds = NULL, live_eta_s = NULL
+    WHERE s.id = a.id;
+    DELETE FROM trnflow.running_stages q WHERE q.run_id = a.run_id AND q.stage_id = a.id;
     IF began THEN
       INSERT INTO trnflow.events (run_id, stage_id, kind, message, data, project)
       VALUES (a.run_id, a.id, 'budget',
@@ -2221,6 +2225,23 @@ BEGIN
   RETURN NULL;
 END $$;
 
+--
+-- Name: wake_project_budget_waits(text); Type: FUNCTION; Schema: trnflow; Owner: -
+--
+
+CREATE FUNCTION trnflow.wake_project_budget_waits(p_project text) RETURNS integer
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  WITH woken AS (
+    UPDATE trnflow.stages s SET retry_at = now(), ready_at = now()
+    WHERE s.id IN (SELECT x.id FROM trnflow.stages x JOIN trnflow.budget_waits w ON w.stage_id = x.id
+                   WHERE w.project = p_project AND x.state = 'retry_wait'
+                   FOR NO KEY UPDATE OF x SKIP LOCKED)
+    RETURNING 1)
+  SELECT count(*)::int FROM woken
+$$;
+
 SET default_table_access_method = heap;
 
 --
@@ -2521,7 +2542,8 @@ CREATE TABLE trnflow.budget_waits (
     held_usd numeric NOT NULL,
     holders integer NOT NULL,
     since timestamp with time zone DEFAULT now() NOT NULL,
-    checked_at timestamp with time zone DEFAULT now() NOT NULL
+    checked_at timestamp with time zone DEFAULT now() NOT NULL,
+    tries integer DEFAULT 0 NOT NULL
 );
 
 --
@@ -4784,6 +4806,13 @@ GRANT ALL ON FUNCTION trnflow.top_up_budget(p_stage bigint, p_attempt integer, p
 --
 
 REVOKE ALL ON FUNCTION trnflow.wake_budget_waits() FROM PUBLIC;
+
+--
+-- Name: FUNCTION wake_project_budget_waits(p_project text); Type: ACL; Schema: trnflow; Owner: -
+--
+
+REVOKE ALL ON FUNCTION trnflow.wake_project_budget_waits(p_project text) FROM PUBLIC;
+GRANT ALL ON FUNCTION trnflow.wake_project_budget_waits(p_project text) TO trnflow_catalog_daemon;
 
 --
 -- Name: TABLE artifacts; Type: ACL; Schema: trnflow; Owner: -

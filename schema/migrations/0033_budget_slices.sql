@@ -25,7 +25,8 @@
 --   * a closing attempt (any ledger row: the worker's, the rescuer's) wakes the oldest budget
 --     waits of its project that what is left now covers (retry_at = now(); the promoter makes
 --     them ready), without waiting on any stage row another transaction holds; a wait not woken
---     retries on its own after 30 s (a budget raised by `trnflow budget set`, a missed wake).
+--     retries on its own after 30 s, then 1, 2, 4, 8 and every 10 minutes (a missed wake;
+--     `trnflow budget set` wakes the project's waits at once).
 -- The waiting stage is a retry_wait stage like any other (the queue's rules, migration 0022,
 -- hold: it is in neither ready_stages nor running_stages); cancel_run cancels it.
 
@@ -39,7 +40,8 @@ CREATE TABLE trnflow.budget_waits (
   held_usd  numeric NOT NULL,  -- what other open attempts held
   holders   int NOT NULL,      -- how many they were
   since     timestamptz NOT NULL DEFAULT now(),  -- when this wait began
-  checked_at timestamptz NOT NULL DEFAULT now()  -- its latest try
+  checked_at timestamptz NOT NULL DEFAULT now(),  -- its latest try
+  tries     int NOT NULL DEFAULT 0  -- tries since it began; its next one by itself: 30 s x 2^tries, 10 min at most
 );
 CREATE INDEX budget_waits_project ON trnflow.budget_waits (project, since, stage_id);
 ALTER TABLE trnflow.budget_waits ENABLE ROW LEVEL SECURITY;
@@ -114,6 +116,7 @@ DECLARE
   minute numeric;
   grant_usd numeric;
   began boolean;
+  tries int;
   cancelled boolean;
 BEGIN
   IF coalesce(array_length(p_stages, 1), 0) > 10000
@@ -151,22 +154,25 @@ BEGIN
       CONTINUE;
     END IF;
     -- Wait, without a ledger row: the claim is undone (its attempt number given back) and the
-    -- stage retries when an attempt of its project closes, or in 30 s.
-    UPDATE trnflow.stages s
-    SET state = 'retry_wait', attempts = s.attempts - 1, lease_owner = NULL,
-        lease_expires_at = NULL, retry_at = now() + interval '30 seconds',
-        ready_at = now() + interval '30 seconds', attempt_cap_usd = NULL,
-        attempt_reserved_usd = NULL, live_progress = NULL, live_sim_seconds = NULL,
-        live_eta_s = NULL
-    WHERE s.id = a.id;
-    DELETE FROM trnflow.running_stages q WHERE q.run_id = a.run_id AND q.stage_id = a.id;
+    -- stage retries when an attempt of its project closes, or by itself after a backoff.
     INSERT INTO trnflow.budget_waits AS w (stage_id, run_id, project, needs_usd, left_usd,
                                            held_usd, holders)
     VALUES (a.id, a.run_id, a.project, want, greatest(l.left_usd, 0), l.held_usd, l.holders)
     ON CONFLICT (stage_id) DO UPDATE
       SET needs_usd = EXCLUDED.needs_usd, left_usd = EXCLUDED.left_usd,
-          held_usd = EXCLUDED.held_usd, holders = EXCLUDED.holders, checked_at = now()
-    RETURNING (w.since = w.checked_at) INTO began;
+          held_usd = EXCLUDED.held_usd, holders = EXCLUDED.holders, checked_at = now(),
+          tries = least(w.tries + 1, 100)
+    RETURNING w.tries INTO tries;
+    began := tries = 0;
+    UPDATE trnflow.stages s
+    SET state = 'retry_wait', attempts = s.attempts - 1, lease_owner = NULL,
+        lease_expires_at = NULL,
+        retry_at = now() + make_interval(secs => least(30 * 2 ^ least(tries, 5), 600)),
+        ready_at = now() + make_interval(secs => least(30 * 2 ^ least(tries, 5), 600)),
+        attempt_cap_usd = NULL, attempt_reserved_usd = NULL, live_progress = NULL,
+        live_sim_seconds = NULL, live_eta_s = NULL
+    WHERE s.id = a.id;
+    DELETE FROM trnflow.running_stages q WHERE q.run_id = a.run_id AND q.stage_id = a.id;
     IF began THEN
       INSERT INTO trnflow.events (run_id, stage_id, kind, message, data, project)
       VALUES (a.run_id, a.id, 'budget',
@@ -222,7 +228,7 @@ REVOKE ALL ON FUNCTION trnflow.top_up_budget(bigint, int, uuid, numeric) FROM PU
 
 -- Closed attempts free their reservations: the oldest budget waits of their projects that what
 -- is left now covers retry at once (at most 16 a statement, the first always when nothing is
--- held any more); stage rows another transaction holds are skipped (they retry in 30 s).
+-- held any more); stage rows another transaction holds are skipped (they retry after their backoff).
 -- Waits whose stage no longer waits are forgotten.
 CREATE FUNCTION trnflow.wake_budget_waits() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -267,9 +273,23 @@ CREATE TRIGGER attempts_wake_budget_waits AFTER INSERT ON trnflow.attempts
   REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
   EXECUTE FUNCTION trnflow.wake_budget_waits();
 
+-- A project's budget changed (`trnflow budget set`): its waits retry at once.
+CREATE FUNCTION trnflow.wake_project_budget_waits(p_project text) RETURNS int
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+  WITH woken AS (
+    UPDATE trnflow.stages s SET retry_at = now(), ready_at = now()
+    WHERE s.id IN (SELECT x.id FROM trnflow.stages x JOIN trnflow.budget_waits w ON w.stage_id = x.id
+                   WHERE w.project = p_project AND x.state = 'retry_wait'
+                   FOR NO KEY UPDATE OF x SKIP LOCKED)
+    RETURNING 1)
+  SELECT count(*)::int FROM woken
+$$;
+REVOKE ALL ON FUNCTION trnflow.wake_project_budget_waits(text) FROM PUBLIC;
+
 DO $$
 DECLARE d text := trnflow.daemon_role();
 BEGIN
+  EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.wake_project_budget_waits(text) TO %I', d);
   EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.reserve_budgets(bigint[], int[], uuid, numeric[]) TO %I', d);
   EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.top_up_budget(bigint, int, uuid, numeric) TO %I', d);
   EXECUTE format('GRANT EXECUTE ON FUNCTION trnflow.budget_left(bigint, bigint) TO %I', d);

@@ -197,6 +197,11 @@ ON CONFLICT (project) DO UPDATE
 SET amount_usd = EXCLUDED.amount_usd, period = EXCLUDED.period, notified_percent = 0,
     notified_period = NULL, updated_at = now();
 
+-- name: WakeBudgetWaits
+-- The stages of project $1 waiting for their budget retry at once (migration 0033): its budget
+-- changed.
+SELECT trnflow.wake_project_budget_waits($1);
+
 -- name: AddProject
 SELECT trnflow.add_project($1, $2::text[]);
 
