@@ -1321,6 +1321,14 @@ BEGIN
      OR coalesce(array_length(p_want, 1), 0) <> coalesce(array_length(p_stages, 1), 0) THEN
     RAISE EXCEPTION 'reserve_budgets: stages, attempts and amounts differ in length (or over 10000)';
   END IF;
+  -- Every run, then every project budget, in one order for every caller (two workers
+  -- reserving for the same runs and projects, or a top-up beside them, cannot deadlock).
+  PERFORM 1 FROM trnflow.runs r
+  WHERE r.id IN (SELECT s.run_id FROM trnflow.stages s WHERE s.id = ANY(p_stages))
+  ORDER BY r.id FOR UPDATE;
+  PERFORM 1 FROM trnflow.budgets b
+  WHERE b.project IN (SELECT s.project FROM trnflow.stages s WHERE s.id = ANY(p_stages))
+  ORDER BY b.project FOR UPDATE;
   FOR i IN 1 .. coalesce(array_length(p_stages, 1), 0) LOOP
     SELECT s.id, s.run_id, s.project, s.instance_count, s.attempt_price_usd_hour AS price,
            s.stop_reason IS NOT NULL AS stopping
