@@ -581,13 +581,13 @@ TEST(Budgets, ExplainSaysHowMuchAWaitingStageWaitsFor) {
   EXPECT_NE(why.out.find("reserves $4.48"), std::string::npos) << why.out;
   EXPECT_NE(why.out.find("held by 1 running attempt"), std::string::npos) << why.out;
   EXPECT_EQ(testing::Query("SELECT count(*) FROM trnflow.attempts a JOIN trnflow.stages s ON "
-                           "s.id = a.stage_id WHERE a.run_id = " + run +
-                           " AND s.state = 'retry_wait'"),
+                           "s.id = a.stage_id WHERE a.run_id = " +
+                           run + " AND s.state = 'retry_wait'"),
             "0");
-  EXPECT_EQ(testing::Query("SELECT count(*) FROM trnflow.budget_waits WHERE run_id = " + run),
-            "1");
+  EXPECT_EQ(testing::Query("SELECT count(*) FROM trnflow.budget_waits WHERE run_id = " + run), "1");
   EXPECT_EQ(RunTrnflow("cancel " + run).exit_code, 0);
-  ASSERT_TRUE(testing::WaitFor([&] { return testing::RunStateText(std::stoll(run)) == "cancelled"; }, 60));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return testing::RunStateText(std::stoll(run)) == "cancelled"; }, 60));
   run_proc.Kill(SIGKILL);
   // The stage that waited never had an attempt.
   EXPECT_EQ(testing::Query("SELECT count(*) FROM trnflow.stages WHERE run_id = " + run +
@@ -597,8 +597,7 @@ TEST(Budgets, ExplainSaysHowMuchAWaitingStageWaitsFor) {
   // The project's budget is the catalog's: `plan` warns about a command it cannot price.
   ASSERT_EQ(RunTrnflow("budget set ten-explain 100").exit_code, 0);
   std::string plain = WriteTempFile(
-      "planwarn.yaml",
-      "pipeline: p\nproject: ten-explain\nstages:\n  s:\n    run: [\"true\"]\n");
+      "planwarn.yaml", "pipeline: p\nproject: ten-explain\nstages:\n  s:\n    run: [\"true\"]\n");
   CliResult plan = RunTrnflow("plan " + plain);
   EXPECT_EQ(plan.exit_code, 0) << plan.out << plan.err;
   EXPECT_NE(plan.err.find("under project ten-explain's budget with neither timeout: nor "
