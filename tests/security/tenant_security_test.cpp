@@ -498,6 +498,7 @@ TEST(Budgets, ABudgetForThreeReservationsRunsThreeAtATime) {
   CliResult r = RunTrnflow("run " + file + " --force --speed 1", "timeout 200");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(r.err.find("neither timeout: nor estimate:"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("retry_wait (waiting for its budget"), std::string::npos) << r.out;
   int64_t run = RunIdFrom(r.out);
   schema::Catalog daemon(TestDatabase::url());
   std::string where = " FROM trnflow.attempts WHERE run_id = " + std::to_string(run);
