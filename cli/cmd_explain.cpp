@@ -109,6 +109,19 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
                                 ? "it waits for the stages it needs: " + needs
                                 : "it was skipped: a stage it needs did not succeed: " + needs});
   } else if (w.state == kRetryWait) {
+    if (auto b = catalog.StageBudgetWait(run_id, w.stage_id)) {
+      // Waiting for its reservation (migration 0033): no attempt, no ledger row.
+      std::string budget =
+          b->scope == "run" ? "the run's budget_usd" : "project " + w.project + "'s budget";
+      out.push_back(
+          {"budget", "it waits for its budget (since " + b->since + "): it reserves " +
+                         b->needs.ToDollars() + " and " + budget + " had " + b->left.ToDollars() +
+                         " left beside " + b->held.ToDollars() + " held by " +
+                         std::to_string(b->holders) +
+                         " running attempt(s) when it began waiting; it starts when they close "
+                         "(`trnflow events --kind budget`)"});
+      return out;
+    }
     char buf[96];
     std::snprintf(buf, sizeof buf, "it is backing off before attempt %d: ready again in %.1fs.",
                   w.attempts + 1, std::max(0.0, w.ready_in_s));

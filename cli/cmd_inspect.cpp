@@ -16,6 +16,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/file_names.h"
+#include "pipelines/checks.h"
 #include "pipelines/diagnostics.h"
 #include "pipelines/plan.h"
 #include "serve/client.h"
@@ -83,6 +84,14 @@ int CmdPlan(const RunArgs& a) {
   try {
     catalog = OpenCatalog();
     plan = scheduler::EstimatePlan(*pipeline, catalog.get(), a.speed);
+    // The file's budget_usd was warned about when it loaded; the project's budget is the
+    // catalog's to tell.
+    if (!pipeline->budget && !pipeline->project.empty() &&
+        !catalog->ProjectBudgets(pipeline->project).empty()) {
+      pipelines::Diagnostics d(a.file);
+      pipelines::CheckBudgetedCommands(*pipeline, "project " + pipeline->project + "'s budget", d);
+      std::cerr << d.Format();
+    }
   } catch (const CatalogUnavailable& e) {
     std::cerr << "trnflow: note: planning without the catalog (" << e.what()
               << "): no compile cache, no past runs\n";

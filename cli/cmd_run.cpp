@@ -47,6 +47,9 @@ std::string StateDetail(const schema::StageRow& s, double speed) {
            (s.instance_count > 1 ? " x" + std::to_string(s.instance_count) : "") + ", " +
            ToSql(s.market) + (p.empty() ? "" : ", " + p) + ")";
   }
+  // Only a budget's wait puts a stage that never had an attempt in retry_wait (migration 0033).
+  if (s.state == kRetryWait && s.attempts == 0)
+    return " (waiting for its budget: `trnflow explain` says for how much)";
   std::string spent = " (" + SpentCell(s) + " so far";
   if ((s.state == kRetryWait || s.state == kFailed || s.state == kCancelled) && s.last_outcome)
     return spent + "; attempt " + std::to_string(s.attempts) + " " + ToSql(*s.last_outcome) +

@@ -1,6 +1,7 @@
 #include "common/stage_spec.h"
 
 #include <array>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -98,6 +99,7 @@ std::string ToJson(const StageSpec& s) {
     j["checkpoint"] = {{"every_s", s.checkpoint.every_s}, {"on_notice", s.checkpoint.on_notice}};
   if (s.timeout_s != d.timeout_s) j["timeout_s"] = s.timeout_s;
   if (s.priority != d.priority) j["priority"] = s.priority;
+  if (s.estimate_s > 0) j["estimate_s"] = s.estimate_s;
   if (s.cache) j["cache"] = true;
   if (!s.cache_key.empty()) j["cache_key"] = s.cache_key;
   if (!s.cache_inputs.empty()) j["cache_inputs"] = s.cache_inputs;
@@ -142,6 +144,11 @@ StageSpec StageSpecFromJson(std::string_view text) {
     }
     s.timeout_s = j.value("timeout_s", 0.0);
     s.priority = j.value("priority", 0);
+    // Only a budget's first reservation reads it: anything but a sane number is no estimate.
+    if (auto e = j.find("estimate_s"); e != j.end() && e->is_number()) {
+      double v = e->get<double>();
+      if (std::isfinite(v) && v > 0 && v <= 1e9) s.estimate_s = v;
+    }
     s.cache = j.value("cache", false);
     s.cache_key = j.value("cache_key", "");
     s.cache_inputs = j.value("cache_inputs", "");

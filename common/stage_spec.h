@@ -103,6 +103,9 @@ struct StageSpec {
   // Order among the project's own ready stages (higher first; -1000..1000): `priority:` of the
   // stage, else of its pipeline. Never in a cache key; never ahead of another project's share.
   int priority = 0;
+  // run: stages: `estimate:`, how long the command is expected to run (simulated seconds; 0:
+  // not given). A budgeted attempt without a timeout reserves it, with a margin.
+  double estimate_s = 0;
   // Compile stages: the key is known from the file (sha256 of cache_inputs, the canonical JSON
   // of everything that changes the graph). Other stages with cache: true get theirs when they
   // run, over their kind, parameters and the digests of what they consume.

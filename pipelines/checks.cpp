@@ -143,8 +143,23 @@ void CheckStage(const Pipeline& p, const Stage& s, Diagnostics& d) {
 
 }  // namespace
 
+void CheckBudgetedCommands(const Pipeline& p, const std::string& budget, Diagnostics& d) {
+  std::set<std::string> warned;
+  for (const auto& s : p.stages) {
+    if (s.spec.kind != StageKind::kRun || s.spec.timeout_s > 0 || s.estimate_s) continue;
+    if (!warned.insert(s.base_name).second) continue;
+    d.Warning(s.At("run"),
+              "stage '" + s.base_name + "': a command under " + budget +
+                  " with neither timeout: nor estimate: reserves one billing minute at a time "
+                  "and is stopped wherever the budget runs out",
+              "give it an `estimate:` (how long it runs, simulated: `estimate: 30m`) or a "
+              "`timeout:`; its reservation is then what it will cost");
+  }
+}
+
 void CheckPipeline(const Pipeline& p, Diagnostics& d) {
   for (const auto& s : p.stages) CheckStage(p, s, d);
+  if (p.budget) CheckBudgetedCommands(p, "budget_usd", d);
   // Compile stages: one report per stage of the file, for its hardest matrix combination
   // (largest batch x seq_len that fails), so the hint covers every bucket.
   std::map<std::string, std::pair<const Stage*, sim::Fit>> worst;

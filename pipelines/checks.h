@@ -10,4 +10,10 @@ namespace trnflow::pipelines {
 
 void CheckPipeline(const Pipeline& pipeline, Diagnostics& diagnostics);
 
+// Under a budget (the pipeline's budget_usd, or its project's: `plan` asks the catalog), a
+// `run:` stage with neither `timeout:` nor `estimate:` reserves only a billing minute at a
+// time: a warning per stage of the file (a matrix once), what the budget cannot plan for.
+void CheckBudgetedCommands(const Pipeline& pipeline, const std::string& budget,
+                           Diagnostics& diagnostics);
+
 }  // namespace trnflow::pipelines

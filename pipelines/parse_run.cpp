@@ -141,7 +141,10 @@ void Parser::ParseCommand(const YamlNode& n, Loc name_loc, const Scope& scope, S
     }
   // How long the command runs, for `plan` and budget admission; the engine cannot know.
   if (const YamlNode& e = n["estimate"])
-    if (auto v = Duration(e, "estimate", scope)) st->estimate_s = *v;
+    if (auto v = Duration(e, "estimate", scope)) {
+      st->estimate_s = *v;
+      st->spec.estimate_s = *v;  // the worker's first budget reservation, without a timeout
+    }
 }
 
 // outputs: the paths a run: stage writes, each under ${{ run.dir }}/ (kept relative to it). A

@@ -90,11 +90,13 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
                                              const std::string& worker_name, double lease_s,
                                              int64_t only_run = 0, int max_stages = 0,
                                              const std::vector<std::string>& projects = {});
-  // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
-  // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
-  // limits are left out of the answer.
+  // Reserves spend caps for claimed attempts of budgeted runs and projects (WorkerCatalog).
   std::vector<BudgetReservation> ReserveBudgets(const std::vector<ClaimedStage>& claims,
-                                                const std::vector<std::optional<Money>>& expected);
+                                                const std::vector<std::optional<Money>>& want,
+                                                const std::string& worker_id);
+  // Raises a running attempt's reservation in a slice (WorkerCatalog).
+  std::optional<Money> TopUpBudget(int64_t stage_id, int attempt, const std::string& worker_id,
+                                   Money more);
   // Renews the leases of the stages this worker runs (one report each) and returns those it
   // still holds; an in-flight stage missing here was taken over. Records what each attempt
   // said of itself: a checkpoint moves its stage's resume point forward at once.
@@ -186,6 +188,8 @@ class Catalog final : public WorkerCatalog, public SchedulerCatalog, public Serv
   void SetBudget(const std::string& project, Money amount, const std::string& period);
   std::vector<BudgetRow> ProjectBudgets(const std::string& project = "");
   void RecordBudgetNotice(const std::string& project, int percent);
+  // Why a retry_wait stage waits for its budget (`explain`); nullopt: it does not.
+  std::optional<BudgetWaitRow> StageBudgetWait(int64_t run_id, int64_t stage_id);
   std::vector<RunBudgetRow> RunBudgets();
   void RecordRunBudgetNotice(int64_t run_id, int percent);
   std::vector<int64_t> RunningRunsOfProject(const std::string& project);

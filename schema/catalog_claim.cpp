@@ -94,12 +94,18 @@ std::vector<LeaseKey> Catalog::Impl::Complete(pqxx::work& tx,
           {run_of[r.stage_id], r.stage_id, "metrics", "neuron-monitor", r.metrics_json});
   if (!metrics.empty()) InsertEvents(tx, metrics);
   // An attempt stopped at its spend cap spent what its budget had left: the run stops as
-  // the budget guard would stop it, at once rather than at the guard's next tick.
+  // the budget guard would stop it, at once rather than at the guard's next tick, once no
+  // other attempt of it still runs on money it reserved (that one spends its reservation and
+  // is stopped at its own cap: the budget is spent exactly, migration 0033).
   std::set<int64_t> over_budget;
   for (const auto& r : results)
     if (r.outcome == Outcome::kBudgetExceeded && run_of.count(r.stage_id))
       over_budget.insert(run_of[r.stage_id]);
-  for (int64_t run : over_budget) Exec(tx, "CancelRun", run, ToSql(Outcome::kBudgetExceeded));
+  if (!over_budget.empty()) {
+    std::vector<int64_t> ids(over_budget.begin(), over_budget.end());
+    for (const auto& row : Exec(tx, "RunsSpentOut", NumberArray(ids)))
+      Exec(tx, "CancelRun", row[0].as<int64_t>(), ToSql(Outcome::kBudgetExceeded));
+  }
   if (!succeeded.empty()) {
     std::vector<int64_t> ready;
     for (const auto& row : Exec(tx, "ReleaseDependents", NumberArray(succeeded)))
@@ -233,7 +239,8 @@ Catalog::Committed Catalog::CompleteAndClaim(const std::vector<AttemptResult>& r
 }
 
 std::vector<BudgetReservation> Catalog::ReserveBudgets(
-    const std::vector<ClaimedStage>& claims, const std::vector<std::optional<Money>>& expected) {
+    const std::vector<ClaimedStage>& claims, const std::vector<std::optional<Money>>& want,
+    const std::string& worker_id) {
   if (claims.empty()) return {};
   return impl_->Guard([&] {
     std::vector<int64_t> ids;
@@ -242,17 +249,33 @@ std::vector<BudgetReservation> Catalog::ReserveBudgets(
     for (size_t i = 0; i < claims.size(); ++i) {
       ids.push_back(claims[i].stage_id);
       attempts.push_back(claims[i].attempt);
-      amounts += (i ? "," : "") + (expected[i] ? expected[i]->ToDecimal() : std::string("NULL"));
+      amounts += (i ? "," : "") + (want[i] ? want[i]->ToDecimal() : std::string("NULL"));
     }
     amounts += "}";
     pqxx::work tx(impl_->C());
-    pqxx::result r =
-        impl_->Exec(tx, "ReserveBudgets", NumberArray(ids), NumberArray(attempts), amounts);
+    pqxx::result r = impl_->Exec(tx, "ReserveBudgets", NumberArray(ids), NumberArray(attempts),
+                                 worker_id, amounts);
     tx.commit();
     std::vector<BudgetReservation> out;
-    for (const auto& row : r)
-      out.push_back({row[0].as<int64_t>(), MoneyOf(row[1]), MoneyOf(row[2])});
+    for (const auto& row : r) {
+      BudgetReservation b;
+      b.stage_id = row[0].as<int64_t>();
+      if (!row[1].is_null()) b.cap = MoneyOf(row[1]);
+      if (!row[2].is_null()) b.waits = MoneyOf(row[2]);
+      out.push_back(b);
+    }
     return out;
+  });
+}
+
+std::optional<Money> Catalog::TopUpBudget(int64_t stage_id, int attempt,
+                                          const std::string& worker_id, Money more) {
+  return impl_->Guard([&]() -> std::optional<Money> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "TopUpBudget", stage_id, attempt, worker_id, more.ToDecimal());
+    tx.commit();
+    if (r.empty() || r[0][0].is_null()) return std::nullopt;
+    return MoneyOf(r[0][0]);
   });
 }
 

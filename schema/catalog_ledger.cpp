@@ -129,6 +129,7 @@ bool Catalog::RemoveBudget(const std::string& project) {
   return impl_->Guard([&] {
     pqxx::work tx(impl_->C());
     bool removed = !impl_->Exec(tx, "RemoveBudget", project).empty();
+    impl_->Exec(tx, "WakeBudgetWaits", project);  // nothing holds them back any more
     tx.commit();
     return removed;
   });
@@ -139,6 +140,7 @@ void Catalog::SetBudget(const std::string& project, Money amount, const std::str
     pqxx::work tx(impl_->C());
     impl_->Exec(tx, "EnsureProject", project);
     impl_->Exec(tx, "UpsertBudget", project, amount.ToDecimal(), period);
+    impl_->Exec(tx, "WakeBudgetWaits", project);  // a raised budget may cover them now
     tx.commit();
   });
 }
@@ -157,6 +159,22 @@ std::vector<BudgetRow> Catalog::ProjectBudgets(const std::string& project) {
       out.push_back(std::move(b));
     }
     return out;
+  });
+}
+
+std::optional<BudgetWaitRow> Catalog::StageBudgetWait(int64_t run_id, int64_t stage_id) {
+  return impl_->Guard([&]() -> std::optional<BudgetWaitRow> {
+    pqxx::work tx(impl_->C());
+    pqxx::result r = impl_->Exec(tx, "StageBudgetWait", run_id, stage_id);
+    if (r.empty()) return std::nullopt;
+    BudgetWaitRow w;
+    w.since = r[0][0].as<std::string>();
+    w.needs = MoneyOf(r[0][1]);
+    w.left = MoneyOf(r[0][2]);
+    w.held = MoneyOf(r[0][3]);
+    w.holders = r[0][4].is_null() ? 0 : r[0][4].as<int>();
+    w.scope = r[0][5].is_null() ? "" : r[0][5].as<std::string>();
+    return w;
   });
 }
 

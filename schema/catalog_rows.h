@@ -55,20 +55,21 @@ struct ClaimedStage {
   bool retry_failed_compilation = false;
   std::string project;
   bool budgeted = false;  // its run or project has a budget: reserve a cap before running
-  // Set by the worker from its reservation: the cap in simulated seconds, and whether it must
-  // wait because other attempts hold what is left.
+  // Set by the worker from its reservation: the cap in simulated seconds, and whether it waits
+  // for its budget (the reservation un-claimed it: the worker lets it go, nothing to write).
   double spend_cap_s = std::numeric_limits<double>::infinity();
   bool budget_wait = false;
   // The uid (and gid) the project's jobs run as; 0: not set, the worker's job_uid_base.
   int64_t job_uid = 0;
 };
 
-// A freshly claimed attempt's reservation: it may spend at most `cap`; `held` is what other
-// open attempts of its run or project have reserved meanwhile.
+// A freshly claimed attempt's reservation (trnflow.reserve_budgets, migration 0033): granted,
+// it may spend at most `cap` (topped up in slices while it runs); else it waits for `waits` to
+// be free, un-claimed by the reservation itself (no ledger row).
 struct BudgetReservation {
   int64_t stage_id = 0;
-  Money cap;
-  Money held;
+  std::optional<Money> cap;
+  std::optional<Money> waits;
 };
 
 // An earlier attempt of a stage as the ledger has it: what an executor that hands attempts to
@@ -179,6 +180,16 @@ struct StageWait {
     int projects_waiting = 0;  // other projects with ready stages in the pool
   };
   std::optional<Share> share;
+};
+
+// A stage waiting for its budget (migration 0033), as the `budget` event its wait began with
+// says: what it reserves, and what the budget that binds it (scope: "run" or "project") had
+// left beside what `holders` running attempts held.
+struct BudgetWaitRow {
+  std::string since;  // ISO 8601 UTC
+  Money needs, left, held;
+  int holders = 0;
+  std::string scope;
 };
 
 struct EventLogRow {

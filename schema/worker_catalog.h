@@ -41,12 +41,18 @@ class WorkerCatalog {
       const std::string& pool, int free_instances, const std::string& worker_id,
       const std::string& worker_name, double lease_s, int64_t only_run = 0, int max_stages = 0,
       const std::vector<std::string>& projects = {}) = 0;
-  // Reserves spend caps for claimed attempts of budgeted runs and projects, in the order given
-  // (`expected`: each attempt's expected cost, nullopt when unknown). Attempts no budget
-  // limits are left out of the answer.
+  // Reserves spend caps for attempts of budgeted runs and projects this worker (`worker_id`)
+  // claimed, in the order given (`want`: each attempt's estimate, nullopt: one billing
+  // minute). One whose estimate is not covered while others hold reservations waits: it is
+  // un-claimed in the same transaction, with no ledger row. Attempts no budget limits are left
+  // out of the answer.
   virtual std::vector<BudgetReservation> ReserveBudgets(
-      const std::vector<ClaimedStage>& claims,
-      const std::vector<std::optional<Money>>& expected) = 0;
+      const std::vector<ClaimedStage>& claims, const std::vector<std::optional<Money>>& want,
+      const std::string& worker_id) = 0;
+  // A running attempt's reservation raised by `more`, never past what its budgets have left;
+  // returns its cap now, nullopt when it no longer runs under this worker's lease.
+  virtual std::optional<Money> TopUpBudget(int64_t stage_id, int attempt,
+                                           const std::string& worker_id, Money more) = 0;
   // Stores the executor's id for a running attempt (a Slurm job id) if `worker_id` still holds
   // its lease; false otherwise.
   virtual bool RecordExecutorJob(int64_t stage_id, int attempt, const std::string& worker_id,

@@ -48,6 +48,8 @@ const std::map<std::string, Meta>& Known() {
       {"trnflow_cache_misses_total", {"counter", "Compile attempts that had to compile."}},
       {"trnflow_budget_usd", {"gauge", "A project's budget for its period."}},
       {"trnflow_budget_spent_usd", {"gauge", "What a project's budget period has spent (ledger)."}},
+      {"trnflow_budget_stops_total",
+       {"counter", "Attempts a budget stopped (budget_exceeded), by project (the ledger)."}},
       {"trnflow_budget_forecast_usd",
        {"gauge", "Month-end forecast of a monthly budget's spend at its rate so far."}},
       {"trnflow_workers",

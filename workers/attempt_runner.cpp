@@ -10,6 +10,7 @@
 // freed before the result is committed.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -114,6 +115,18 @@ void Worker::Impl::Execute(Pool& pool, const std::shared_ptr<Running>& run) {
   ctx.stop = &run->stop;
   ctx.claimed_at = run->claimed_at;
   ctx.spend_cap_s = c.spend_cap_s;
+  if (c.budgeted && std::isfinite(c.spend_cap_s)) {
+    // Topped up in slices as it runs; a command with a timeout never past its timeout and
+    // grace (what the attempts beside it were reserved against).
+    double bound = c.spec.kind == StageKind::kRun && c.spec.timeout_s > 0
+                       ? c.spec.timeout_s + kTermGraceSimSeconds
+                       : std::numeric_limits<double>::infinity();
+    auto cap_s = std::make_shared<double>(c.spend_cap_s);
+    ctx.top_up_cap = [this, &c, cap_s, bound](double) {
+      *cap_s = TopUp(c, *cap_s, bound);
+      return *cap_s;
+    };
+  }
   ctx.report_metrics = [run](const std::string& json) {
     std::scoped_lock lock(run->metrics_mu);
     run->metrics = json;

@@ -4,10 +4,12 @@
 // committer together never exceed the capacity), woken by the LISTEN loop (its own thread) on
 // a ready or cancel notification and polling every poll_s as the safety net. Every claim, the
 // claim loop's or the committer's, goes through RunClaimed: budgeted stages get their spend
-// caps (ReserveBudgets); one that must wait for its budget, or any claim made while the worker
-// stops, is handed back unstarted (HandBack: ready again after a short wait, the attempt closed
-// as cancelled, nothing billed); the rest are launched (attempt_runner.cpp).
+// reservations (ReserveBudgets); one that waits for its budget was un-claimed by its
+// reservation (no ledger row); any claim made while the worker stops is handed back unstarted
+// (HandBack: ready again after a short wait, the attempt closed as cancelled, nothing billed);
+// the rest are launched (attempt_runner.cpp).
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -69,24 +71,29 @@ void Worker::Impl::ClaimLoop() {
 }
 
 // Runs what a claim took (its instances already counted in the pool's `used`): budgeted
-// stages get their spend caps first; one that must wait for its budget is handed back.
+// stages get their reservations first; one that waits for its budget was un-claimed by the
+// reservation itself (no ledger row) and is let go.
 void Worker::Impl::RunClaimed(std::unique_ptr<schema::WorkerCatalog>& cat, Pool& pool,
                               std::vector<schema::ClaimedStage>& claimed) {
   ReserveBudgets(cat, claimed);
   for (auto& c : claimed) {
-    if (c.budget_wait || !claiming) {
+    if (c.budget_wait) {
       pool.used -= c.instance_count;
-      HandBack(c, c.budget_wait ? "waiting: other running attempts hold what is left of the budget"
-                                : "handed back: the worker is stopping");
+      continue;
+    }
+    if (!claiming) {
+      pool.used -= c.instance_count;
+      HandBack(c, "handed back: the worker is stopping");
       continue;
     }
     Launch(pool, std::move(c));
   }
 }
 
-// What an attempt is expected to cost, when the engine can tell: a simulated stage's
-// remaining work at its price (the simulator is deterministic); a command's timeout bounds
-// it. Unknown otherwise: the attempt then reserves all it may spend.
+// What an attempt reserves when it starts, its estimate: a simulated stage's remaining work at
+// its price (the simulator is deterministic); a command's timeout and grace; else its
+// `estimate:` and a quarter more; else nullopt: the catalog reserves one billing minute. A
+// budgeted attempt tops its reservation up in slices while it runs (TopUp).
 std::optional<Money> Worker::Impl::ExpectedCost(const schema::ClaimedStage& c) {
   double seconds = -1;
   if (c.spec.kind != StageKind::kRun && !c.spec.workload_json.empty()) {
@@ -100,47 +107,88 @@ std::optional<Money> Worker::Impl::ExpectedCost(const schema::ClaimedStage& c) {
     }
   }
   if (seconds < 0 && c.spec.timeout_s > 0) seconds = c.spec.timeout_s + kTermGraceSimSeconds;
+  if (seconds < 0 && c.spec.estimate_s > 0) seconds = c.spec.estimate_s * kEstimateMargin;
   if (seconds < 0) return std::nullopt;
-  return Charge(c.price_per_hour, c.instance_count, seconds);
+  return Charge(c.price_per_hour, c.instance_count, std::min(seconds, 1e9));
 }
 
-// Caps the spend of budgeted claims: each gets what is left of its run's and project's
-// budgets after other open attempts' reservations. An attempt whose cap does not cover one
-// billing minute waits (handed back) while others hold the rest; when nobody does, the budget
-// is spent and it ends at once as budget_exceeded, with nothing billed.
+// Reserves each budgeted claim's estimate (trnflow.reserve_budgets, migration 0033): granted,
+// its cap is its reservation; not covered while other attempts hold reservations, it waits in
+// the catalog (un-claimed there, one `budget` event, no ledger row) and is not run here; when
+// nobody else holds anything it gets what is left (under one billing minute it ends at once
+// as budget_exceeded, nothing billed). A claim the answer leaves out is no longer this
+// worker's: it is not run either.
 void Worker::Impl::ReserveBudgets(std::unique_ptr<schema::WorkerCatalog>& cat,
                                   std::vector<schema::ClaimedStage>& claimed) {
   std::vector<schema::ClaimedStage> budgeted;
-  std::vector<std::optional<Money>> expected;
+  std::vector<std::optional<Money>> want;
   for (const auto& c : claimed)
     if (c.budgeted) {
       budgeted.push_back(c);
-      expected.push_back(ExpectedCost(c));
+      want.push_back(ExpectedCost(c));
     }
   if (budgeted.empty()) return;
-  std::vector<schema::BudgetReservation> caps;
+  std::vector<schema::BudgetReservation> got;
   WithCatalog(
       cat, "reserve budgets",
-      [&](schema::WorkerCatalog& k) { caps = k.ReserveBudgets(budgeted, expected); },
+      [&](schema::WorkerCatalog& k) { got = k.ReserveBudgets(budgeted, want, id); },
       /*give_up_on_stop=*/false);
-  std::map<int64_t, std::optional<Money>> expected_of;
-  for (size_t i = 0; i < budgeted.size(); ++i) expected_of[budgeted[i].stage_id] = expected[i];
-  for (const auto& r : caps)
-    for (auto& c : claimed) {
-      if (c.stage_id != r.stage_id) continue;
-      Money per_hour = Money::FromMicros(c.price_per_hour.micros() * c.instance_count);
-      // A command is held to what it reserved (its timeout and grace): the caps of the
-      // attempts beside it were computed on that. Four parallel commands that each ran to
-      // the whole cap spent $197 of a $50 budget. (A simulated stage's estimate is exact.)
-      Money cap = r.cap;
-      if (const auto& e = expected_of[c.stage_id]; e && c.spec.kind == StageKind::kRun)
-        cap = std::min(cap, *e);
-      double cap_s = per_hour.micros() > 0 ? 3600.0 * static_cast<double>(cap.micros()) /
-                                                 static_cast<double>(per_hour.micros())
-                                           : std::numeric_limits<double>::infinity();
-      c.spend_cap_s = cap_s;
-      c.budget_wait = cap_s < 60 && r.held.micros() > 0;
+  std::map<int64_t, const schema::BudgetReservation*> of;
+  for (const auto& r : got) of[r.stage_id] = &r;
+  for (auto& c : claimed) {
+    if (!c.budgeted) continue;
+    auto it = of.find(c.stage_id);
+    if (it == of.end() || it->second->waits) {
+      if (it == of.end())
+        log->warn("stage={} attempt={}: no longer ours when its budget was reserved; not run",
+                  c.stage_id, c.attempt);
+      else
+        log->info("stage={} waits for its budget ({} not covered)", c.stage_id,
+                  it->second->waits->ToDollars());
+      c.budget_wait = true;
+      continue;
     }
+    if (!it->second->cap) continue;  // no budget limits it any more
+    c.spend_cap_s = CapSeconds(c, *it->second->cap);
+  }
+}
+
+// A cap in money as simulated seconds of the attempt at its price. Amounts are rounded to the
+// micro-dollar: a cap within a twentieth of a second of a whole second is that second (one
+// billing minute, $0.358333 on trn1.32xlarge, is 60 s, not 59.99994).
+double Worker::Impl::CapSeconds(const schema::ClaimedStage& c, Money cap) {
+  int64_t per_hour = c.price_per_hour.micros() * c.instance_count;
+  if (per_hour <= 0) return std::numeric_limits<double>::infinity();
+  double s = 3600.0 * static_cast<double>(cap.micros()) / static_cast<double>(per_hour);
+  double whole = std::round(s);
+  return std::abs(s - whole) < 0.05 ? whole : s;
+}
+
+// A running budgeted attempt near its cap asks for a slice more: a minute of simulated time,
+// or what a few seconds of wall time are at the run's speed if more, never past `bound_s` (a
+// command with a timeout: its timeout and grace). Returns its cap in simulated seconds; the
+// old one when nothing is left or the catalog cannot be reached (it then stops at its cap).
+double Worker::Impl::TopUp(const schema::ClaimedStage& c, double cap_s, double bound_s) {
+  double slice_s = std::max(kTopUpSliceSimSeconds, c.speed * kTopUpSliceWallSeconds);
+  slice_s = std::min(slice_s, bound_s - cap_s);
+  int64_t per_hour = c.price_per_hour.micros() * c.instance_count;
+  if (slice_s <= 0 || per_hour <= 0) return cap_s;
+  Money more = Money::FromMicros(static_cast<int64_t>(
+      std::ceil(static_cast<double>(per_hour) * std::min(slice_s, 1e9) / 3600)));
+  std::optional<Money> cap;
+  std::scoped_lock lock(top_up_mu);
+  for (int tries = 0; tries < 2; ++tries) {
+    try {
+      if (!top_up_cat) top_up_cat = schema::OpenWorkerCatalog(opt.database_url);
+      cap = top_up_cat->TopUpBudget(c.stage_id, c.attempt, id, more);
+      break;
+    } catch (const std::exception& e) {
+      top_up_cat.reset();
+      log->warn("stage={} attempt={}: topping up its budget: {}", c.stage_id, c.attempt, e.what());
+    }
+  }
+  if (!cap) return cap_s;
+  return std::min(bound_s, std::max(cap_s, CapSeconds(c, *cap)));
 }
 
 // Gives a claimed stage back without running it: ready again after a short wait, the attempt

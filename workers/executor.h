@@ -70,6 +70,11 @@ struct ExecContext {
   // The attempt's spend cap in simulated seconds (its budget reservation over its price): at
   // this point the executor ends it with outcome budget_exceeded. Infinite: no budget.
   double spend_cap_s = std::numeric_limits<double>::infinity();
+  // A budgeted attempt's cap can grow while it runs (migration 0033): called with the
+  // attempt's simulated seconds so far, it tops the reservation up by a slice, atomically
+  // against what the budget has left, and returns the cap now in force in simulated seconds
+  // (never less than before). Unset: spend_cap_s is final. Executors go through SpendCap.
+  std::function<double(double sim_now)> top_up_cap;
   // When the stage was claimed: its simulated time (and bill) runs from here, as the ledger's
   // started_at does, including any wait for a free slot in the pool's arena.
   std::chrono::steady_clock::time_point claimed_at = std::chrono::steady_clock::now();
@@ -85,6 +90,39 @@ struct ExecContext {
   // answer): which earlier job's result an attempt has already taken. Unset: unknown.
   std::function<std::vector<EarlierAttempt>()> earlier_attempts;
   StopReason stop_reason() const { return static_cast<StopReason>(stop ? stop->load() : 0); }
+};
+
+// The spend cap of one running attempt: asks for a top-up when the attempt is within a second
+// of wall time (on the run's clock) of its cap, and once more at the cap itself; an attempt
+// whose top-up finds nothing left is stopped at its cap, as an attempt without top-ups is.
+class SpendCap {
+ public:
+  explicit SpendCap(const ExecContext& ctx) : ctx_(ctx), cap_(ctx.spend_cap_s) {}
+  // The cap in force at simulated time `sim_now`, asking for more when it is near.
+  double At(double sim_now) {
+    if (!ctx_.top_up_cap || !(cap_ < std::numeric_limits<double>::infinity())) return cap_;
+    bool at = sim_now >= cap_;
+    if (sim_now < cap_ - std::max(1.0, ctx_.speed * kAheadWallSeconds)) return cap_;
+    if (refused_at_ == cap_ && (!at || refused_at_cap_)) return cap_;
+    double got = ctx_.top_up_cap(sim_now);
+    if (got > cap_) {
+      cap_ = got;
+      refused_at_ = -1;
+      refused_at_cap_ = false;
+    } else {
+      refused_at_ = cap_;
+      refused_at_cap_ = at;
+    }
+    return cap_;
+  }
+  double cap() const { return cap_; }
+
+ private:
+  static constexpr double kAheadWallSeconds = 1;
+  const ExecContext& ctx_;
+  double cap_;
+  double refused_at_ = -1;  // the cap at which the last top-up found nothing more
+  bool refused_at_cap_ = false;
 };
 
 // How long a command has, in simulated seconds, between SIGTERM (timeout, cancel, shutdown) and

@@ -400,14 +400,16 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   // At its spend cap the job is killed at once: its budget is gone, so there is no grace.
   bool timed_out = false, noticed = false, reclaimed = false, capped = false;
   double term_sent_at = -1, term_sent_sim = -1;
+  SpendCap spend(ctx);  // topped up in slices while the job runs (budgets, migration 0033)
   while (child.running(ec)) {
     double now = wall(), sim_now = now * ctx.speed;
+    double cap = spend.At(sim_now);
     // The timeout is noted before the cap: a late poll that finds the clock past both ends a
     // timeout, when the timeout came first on the run's clock (a cap short of the timeout is
     // the budget running out).
     timed_out = timed_out || (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s &&
-                              ctx.spec.timeout_s < ctx.spend_cap_s);
-    if (sim_now >= ctx.spend_cap_s) {
+                              ctx.spec.timeout_s < cap);
+    if (sim_now >= cap) {
       capped = true;
       procs.Kill();
       break;
@@ -439,7 +441,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
       ctx.report_progress(p);
     }
     // Wake at the cap itself, however fast the run's clock goes.
-    PauseFor(std::clamp((ctx.spend_cap_s - sim_now) / ctx.speed, 0.0, 0.01));
+    PauseFor(std::clamp((cap - sim_now) / ctx.speed, 0.0, 0.01));
   }
   child.wait(ec);
   // Whatever the job left running goes with it; then the output pipe closes for the reader.
@@ -448,7 +450,7 @@ ExecResult ProcessExecutor::Run(const ExecContext& ctx) {
   reader.join();
   bool out_of_memory = cgroup && cgroup->OutOfMemory();
   // The run's clock stops at the cap: the instance is gone then, whatever the poll's delay.
-  r.sim_seconds = std::min(wall() * ctx.speed, ctx.spend_cap_s);
+  r.sim_seconds = std::min(wall() * ctx.speed, spend.cap());
   int status = child.native_exit_code();
   if (!setup_error.empty()) {
     r.outcome = Outcome::kInfraError;

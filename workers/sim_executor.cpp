@@ -70,7 +70,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   const double interrupt_at = market.interrupt_at_s;
   double timeout_at =
       ctx.spec.timeout_s > 0 ? ctx.spec.timeout_s : std::numeric_limits<double>::infinity();
-  double end = std::min({end_of_stage, interrupt_at, timeout_at, ctx.spend_cap_s});
+  SpendCap spend(ctx);  // topped up while it runs when its reservation falls short
+  double end = std::min({end_of_stage, interrupt_at, timeout_at, spend.cap()});
 
   sim::Metrics metrics = sim::StageMetrics(w, *type, ctx.instance_count);
   auto report = [&](double at) {
@@ -113,6 +114,8 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
       next_metrics = elapsed + kMetricsEverySimSeconds;
     }
     report_progress(elapsed);
+    if (end == spend.cap() && end < end_of_stage)
+      end = std::min({end_of_stage, interrupt_at, timeout_at, spend.At(elapsed)});
     double wall_left = (end - elapsed) / ctx.speed;
     PauseFor(std::min(wall_left, 0.02));
     elapsed =
@@ -162,7 +165,7 @@ ExecResult SimExecutor::Run(const ExecContext& ctx) {
   }
   finish_partial(elapsed);
   char buf[200];
-  if (end == ctx.spend_cap_s) {
+  if (end == spend.cap()) {
     r.outcome = Outcome::kBudgetExceeded;
     std::snprintf(buf, sizeof buf,
                   "stopped at its spend cap after %.2f simulated hours: the budget is spent",

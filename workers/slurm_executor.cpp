@@ -1006,6 +1006,7 @@ ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
     ToolResult c = RunTool({"scancel", job_id});
     if (c.code != 0) log->warn("scancel {} failed: {}", job_id, c.err);
   };
+  SpendCap spend(ctx);  // topped up in slices while the job runs (budgets, migration 0033)
   while (true) {
     auto [state, reachable] = monitor_->Next(job_id);
     if (state) job = state;
@@ -1043,7 +1044,7 @@ ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
         we_cancelled = true;
       } else if (ctx.spec.timeout_s > 0 && sim_now > ctx.spec.timeout_s) {
         we_cancelled = timed_out = true;
-      } else if (sim_now >= ctx.spend_cap_s) {
+      } else if (sim_now >= spend.At(sim_now)) {
         we_cancelled = capped = true;
       }
       if (we_cancelled) scancel();
@@ -1121,7 +1122,7 @@ ExecResult SlurmExecutor::RunJob(const ExecContext& ctx, Taken* took) {
     log->info("stage={} attempt={}: Slurm job {}: no accounting record; billed {} ({})",
               ctx.spec.name, ctx.attempt, job_id, FormatDuration(billed.seconds),
               span >= 0 ? "the wrapper's span" : "the span the worker watched");
-  r.sim_seconds = std::min(elapsed * ctx.speed, ctx.spend_cap_s);
+  r.sim_seconds = std::min(elapsed * ctx.speed, spend.cap());
   r.ran_instance = began_at >= 0 || elapsed > 0;
   auto partial = [&] {
     r.progress_to = checkpointed;

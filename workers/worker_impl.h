@@ -35,6 +35,13 @@ namespace trnflow::workers {
 
 using Steady = std::chrono::steady_clock;
 
+// A budgeted command without a timeout reserves its `estimate:` and this much more.
+inline constexpr double kEstimateMargin = 1.25;
+// A running budgeted attempt tops its reservation up by a minute of simulated time, or by what
+// this much wall time is at the run's speed when that is more (a fast run asks less often).
+inline constexpr double kTopUpSliceSimSeconds = 60;
+inline constexpr double kTopUpSliceWallSeconds = 3;
+
 struct Running {
   schema::ClaimedStage claim;
   std::chrono::steady_clock::time_point claimed_at;  // the instance is held from here
@@ -91,6 +98,9 @@ struct Worker::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<int> tasks{0};
   std::thread claim_thread, listen_thread, heartbeat_thread, commit_thread;
+  // Budget top-ups (TopUp), from the executors' threads one at a time on their own connection.
+  std::mutex top_up_mu;
+  std::unique_ptr<schema::WorkerCatalog> top_up_cat;
 
   // Runs `body` with this thread's catalog, re-opening the connection with backoff until it
   // works or the worker stops. Returns false if it gave up because the worker is stopping.
@@ -144,6 +154,8 @@ struct Worker::Impl {
   static std::optional<Money> ExpectedCost(const schema::ClaimedStage& c);
   void ReserveBudgets(std::unique_ptr<schema::WorkerCatalog>& cat,
                       std::vector<schema::ClaimedStage>& claimed);
+  static double CapSeconds(const schema::ClaimedStage& c, Money cap);
+  double TopUp(const schema::ClaimedStage& c, double cap_s, double bound_s);
   void HandBack(const schema::ClaimedStage& c, const std::string& why);
 
   // heartbeat.cpp

@@ -147,6 +147,20 @@ FROM trnflow.budgets b,
 WHERE ($1 = '' OR b.project = $1)
 ORDER BY b.project;
 
+-- name: StageBudgetWait
+-- A retry_wait stage (run $1, stage $2) that waits for its budget (migration 0033): the `budget`
+-- event its wait began with, if no attempt of it closed since. Members read it (events' rows).
+SELECT to_char(e.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), e.data->>'needs_usd',
+       e.data->>'left_usd', e.data->>'held_usd', (e.data->>'holders')::int, e.data->>'scope'
+FROM trnflow.stages s
+JOIN trnflow.events e ON e.run_id = s.run_id AND e.stage_id = s.id
+WHERE s.run_id = $1 AND s.id = $2 AND s.state = 'retry_wait' AND e.kind = 'budget'
+  AND jsonb_typeof(e.data->'needs_usd') = 'number'
+  AND NOT EXISTS (SELECT 1 FROM trnflow.attempts a
+                  WHERE a.run_id = s.run_id AND a.stage_id = s.id AND a.finished_at > e.at)
+ORDER BY e.at DESC, e.id DESC
+LIMIT 1;
+
 -- name: RecordBudgetNotice
 UPDATE trnflow.budgets
 SET notified_percent = $2,
@@ -182,6 +196,11 @@ INSERT INTO trnflow.budgets (project, amount_usd, period) VALUES ($1, $2::numeri
 ON CONFLICT (project) DO UPDATE
 SET amount_usd = EXCLUDED.amount_usd, period = EXCLUDED.period, notified_percent = 0,
     notified_period = NULL, updated_at = now();
+
+-- name: WakeBudgetWaits
+-- The stages of project $1 waiting for their budget retry at once (migration 0033): its budget
+-- changed.
+SELECT trnflow.wake_project_budget_waits($1);
 
 -- name: AddProject
 SELECT trnflow.add_project($1, $2::text[]);

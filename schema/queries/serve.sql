@@ -206,6 +206,16 @@ FROM trnflow.budgets b,
               FROM trnflow.spend_by_close_month m
               WHERE m.project = b.project
                 AND m.month >= (ps.start AT TIME ZONE 'UTC')::date) bs
+UNION ALL
+-- Attempts a budget stopped (budget_exceeded: at their spend cap, or when the budget guard
+-- stopped their run), by project; 0 for every project with a budget, so the first stop is an
+-- increase an alert sees.
+SELECT 'trnflow_budget_stops_total', jsonb_build_object('project', p.project)::text,
+       coalesce(sum(c.attempts), 0)::float8
+FROM (SELECT b.project FROM trnflow.budgets b
+      UNION SELECT c.project FROM counts c WHERE c.outcome = 'budget_exceeded') p
+LEFT JOIN counts c ON c.project = p.project AND c.outcome = 'budget_exceeded'
+GROUP BY p.project
 -- The month-end forecast and its band come from BudgetForecasts (below), added by the dashboard.
 UNION ALL
 SELECT 'trnflow_workers', jsonb_build_object('state', CASE WHEN w.heartbeat_at >= now() - make_interval(secs => coalesce(w.lease_s, 15))

@@ -87,10 +87,25 @@ JOIN trnflow.runs r ON r.id = c.run_id
 JOIN trnflow.projects pj ON pj.name = c.project;
 
 -- name: ReserveBudgets
--- Spend caps for freshly claimed attempts of budgeted runs and projects: (stage, cap, held by
--- other open attempts). $3: each attempt's expected cost, NULL when unknown.
-SELECT stage_id, cap_usd::text, held_usd::text
-FROM trnflow.reserve_budgets($1::bigint[], $2::int[], $3::numeric[]);
+-- Reservations for freshly claimed attempts of budgeted runs and projects (migration 0033):
+-- (stage, cap granted, or what it waits for: un-claimed without a ledger row). $3: the
+-- claiming worker; $4: each attempt's estimate, NULL for one billing minute.
+SELECT stage_id, cap_usd::text, waits_usd::text
+FROM trnflow.reserve_budgets($1::bigint[], $2::int[], $3::uuid, $4::numeric[]);
+
+-- name: RunsSpentOut
+-- Of these runs, whose attempts were stopped at their spend caps, those with no other attempt
+-- still running on a reservation: their budget is spent, they stop (CancelRun).
+SELECT r.id FROM unnest($1::bigint[]) AS r(id)
+WHERE NOT EXISTS (SELECT 1 FROM trnflow.running_stages q
+                  JOIN trnflow.stages s ON s.id = q.stage_id
+                  WHERE q.run_id = r.id AND s.state = 'running' AND s.attempt_reserved_usd > 0)
+ORDER BY r.id;
+
+-- name: TopUpBudget
+-- A running attempt's reservation (and cap) raised by $4, never past what is left (migration
+-- 0033); its cap now, NULL when it no longer runs under worker $3's lease.
+SELECT trnflow.top_up_budget($1::bigint, $2::int, $3::uuid, $4::numeric)::text;
 
 -- name: HeartbeatLeases
 -- Renews the leases of the stages this worker runs ($3) in one statement and says which it

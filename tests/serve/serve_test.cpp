@@ -657,6 +657,9 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
   EXPECT_EQ(check.exit_code, 0) << check.out << "\n" << m.body;
   auto rules = Sh("promtool check rules " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts.yml");
   EXPECT_EQ(rules.exit_code, 0) << rules.out;
+  // The rules' own tests: a budget stop fires TrnflowBudgetExhausted (issue 45).
+  auto rule_tests = Sh("promtool test rules " TRNFLOW_SOURCE_DIR "/ops/prometheus/alerts_test.yml");
+  EXPECT_EQ(rule_tests.exit_code, 0) << rule_tests.out;
   // Bounded labels only: never a run, an attempt or a worker.
   EXPECT_FALSE(std::regex_search(m.body, std::regex(R"([{,](run|run_id|attempt|worker|worker_id)=)")))
       << m.body;
@@ -742,6 +745,12 @@ TEST_F(Serve, MetricsPassPromtoolAndAgreeWithTheLedger) {
     return x.empty() ? -1.0 : std::stod(x[1]);
   };
   EXPECT_GT(later_sample(R"(trnflow_schedule_lag_seconds{schedule="nightly"})"), 86400);
+  // Every project with a budget has a budget-stop counter, its ledger's budget_exceeded count.
+  EXPECT_NE(later.body.find("# TYPE trnflow_budget_stops_total counter"), std::string::npos);
+  EXPECT_EQ(later_sample(R"(trnflow_budget_stops_total{project="climate-lab"})"),
+            std::stod(Query("SELECT count(*) FROM trnflow.attempts a JOIN trnflow.runs r ON "
+                            "r.id = a.run_id WHERE r.project = 'climate-lab' AND a.outcome = "
+                            "'budget_exceeded'")));
   auto budget = CliJson("budget ls --format json");
   ASSERT_EQ(budget.size(), 1u) << budget.dump();
   const std::string bl = R"({period="month",project="climate-lab"})";
