@@ -144,6 +144,31 @@ SELECT 'trnflow_cache_misses_total', '{}', count(*)::float8
 FROM trnflow.attempts a JOIN trnflow.stages s ON s.id = a.stage_id
 WHERE s.kind = 'compile' AND a.outcome = 'succeeded'
 UNION ALL
+-- Attempts a budget stopped, by project (every project with a budget has the series).
+SELECT 'trnflow_budget_stops_total', jsonb_build_object('project', p.project)::text,
+       (SELECT count(*) FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+        WHERE r.project = p.project AND a.outcome = 'budget_exceeded')::float8
+FROM (SELECT b.project FROM trnflow.budgets b
+      UNION SELECT r.project FROM trnflow.attempts a JOIN trnflow.runs r ON r.id = a.run_id
+      WHERE a.outcome = 'budget_exceeded') p
+UNION ALL
+-- Each project's queue and share of each pool, from the stages themselves.
+SELECT m.name, jsonb_build_object('project', x.project, 'pool', x.pool)::text,
+       CASE m.name WHEN 'trnflow_project_ready_stages' THEN x.ready
+                   WHEN 'trnflow_project_running_stages' THEN x.running
+                   WHEN 'trnflow_project_running_instances' THEN x.slots
+                   ELSE x.oldest_s END
+FROM (SELECT s.project, s.pool,
+             count(*) FILTER (WHERE s.state = 'ready')::float8 AS ready,
+             count(*) FILTER (WHERE s.state = 'running')::float8 AS running,
+             coalesce(sum(s.instance_count) FILTER (WHERE s.state = 'running'), 0)::float8 AS slots,
+             coalesce(greatest(0, extract(epoch FROM (now() - min(s.ready_at) FILTER (WHERE s.state = 'ready')))), 0)::float8 AS oldest_s
+      FROM trnflow.stages s WHERE s.state IN ('ready', 'running')
+      GROUP BY s.project, s.pool) x
+CROSS JOIN (VALUES ('trnflow_project_ready_stages'), ('trnflow_project_running_stages'),
+                   ('trnflow_project_running_instances'),
+                   ('trnflow_project_oldest_ready_age_seconds')) m(name)
+UNION ALL
 SELECT 'trnflow_budget_usd', jsonb_build_object('project', b.project, 'period', b.period)::text,
        b.amount_usd::float8
 FROM trnflow.budgets b
