@@ -1981,6 +1981,10 @@ CREATE FUNCTION trnflow.stage_spec_problem(name text, kind text, pool text, ityp
     WHEN spec ? 'timeout_s' AND (jsonb_typeof(spec->'timeout_s') <> 'number'
       OR (spec->>'timeout_s')::numeric NOT BETWEEN 0 AND 1e9)
       THEN 'its timeout is not a number of seconds in 0..1e9'
+    -- `estimate:` (a command's, for its first budget reservation; 0033): what the parser takes.
+    WHEN spec ? 'estimate_s' AND (kind <> 'run' OR jsonb_typeof(spec->'estimate_s') <> 'number'
+      OR (spec->>'estimate_s')::numeric NOT BETWEEN 0 AND 1e9)
+      THEN 'its estimate is not a number of seconds in 0..1e9 on a run stage'
     WHEN spec ? 'cache' AND jsonb_typeof(spec->'cache') <> 'boolean' THEN 'cache is not a boolean'
     WHEN (spec ? 'cache_key' AND jsonb_typeof(spec->'cache_key') <> 'string')
       OR (spec ? 'cache_inputs' AND jsonb_typeof(spec->'cache_inputs') <> 'string')

@@ -148,7 +148,8 @@ BEGIN
   RETURN v_run;
 END $_$;
 
--- The stage checks of 0023, whole, with `priority`: a whole number in -1000..1000.
+-- The stage checks of 0023, whole, with `priority` (a whole number in -1000..1000) and
+-- `estimate_s` (a run stage's, in 0..1e9 seconds; the worker reads it from 0033 on).
 CREATE OR REPLACE FUNCTION trnflow.stage_spec_problem(name text, kind text, pool text, itype text,
                                                       cnt integer, market text, spec jsonb,
                                                       ipool text, accel text) RETURNS text
@@ -244,6 +245,10 @@ LANGUAGE sql STABLE AS $_$
     WHEN spec ? 'timeout_s' AND (jsonb_typeof(spec->'timeout_s') <> 'number'
       OR (spec->>'timeout_s')::numeric NOT BETWEEN 0 AND 1e9)
       THEN 'its timeout is not a number of seconds in 0..1e9'
+    -- `estimate:` (a command's, for its first budget reservation; 0033): what the parser takes.
+    WHEN spec ? 'estimate_s' AND (kind <> 'run' OR jsonb_typeof(spec->'estimate_s') <> 'number'
+      OR (spec->>'estimate_s')::numeric NOT BETWEEN 0 AND 1e9)
+      THEN 'its estimate is not a number of seconds in 0..1e9 on a run stage'
     WHEN spec ? 'cache' AND jsonb_typeof(spec->'cache') <> 'boolean' THEN 'cache is not a boolean'
     WHEN (spec ? 'cache_key' AND jsonb_typeof(spec->'cache_key') <> 'string')
       OR (spec ? 'cache_inputs' AND jsonb_typeof(spec->'cache_inputs') <> 'string')

@@ -245,6 +245,36 @@ TEST_F(SqlAttacks, InstancesMustBeTheCatalogsAndSuitTheKind) {
   EXPECT_EQ(Written(), before) << "a refused call wrote something";
 }
 
+// A priority or an estimate the parser never makes (migrations 0032, 0033): a priority that
+// would sort a member's stages past every other, a fraction, a string; an estimate that is
+// negative, huge, a string, or on a simulated stage. The parser's own values go through.
+TEST_F(SqlAttacks, PrioritiesAndEstimatesAreTheParsersOwn) {
+  pqxx::connection m(mallory_url_);
+  std::string before = Written();
+  auto with = [](const char* yaml, const char* key, const nlohmann::json& value) {
+    Call c = FromYaml(yaml, "atk");
+    nlohmann::json s = Spec(c, 0);
+    s[key] = value;
+    c.specs[0] = s.dump();
+    return c;
+  };
+  std::string why;
+  for (const nlohmann::json& bad :
+       {nlohmann::json(1e9), nlohmann::json(-1001), nlohmann::json(2.5), nlohmann::json("high")}) {
+    EXPECT_EQ(Refusal(m, with(kOne, "priority", bad), &why), "22023") << "priority " << bad;
+    EXPECT_NE(why.find("priority"), std::string::npos) << why;
+  }
+  for (const nlohmann::json& bad :
+       {nlohmann::json(-1), nlohmann::json(1e12), nlohmann::json("1h")}) {
+    EXPECT_EQ(Refusal(m, with(kOne, "estimate_s", bad), &why), "22023") << "estimate " << bad;
+    EXPECT_NE(why.find("estimate"), std::string::npos) << why;
+  }
+  EXPECT_EQ(Refusal(m, with(kTrain, "estimate_s", 60)), "22023") << "an estimate on a train stage";
+  EXPECT_EQ(Written(), before) << "a refused call wrote something";
+  EXPECT_EQ(Refusal(m, with(kOne, "priority", -1000)), "");
+  EXPECT_EQ(Refusal(m, with(kOne, "estimate_s", 3600)), "");
+}
+
 TEST_F(SqlAttacks, SpeedOutsideTheClisBoundsIsRefused) {
   pqxx::connection m(mallory_url_);
   std::string before = Written();
@@ -569,8 +599,9 @@ TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommit) {
 
 // With no scheduler running: each worker runs the lock guard too.
 TEST_F(SqlAttacks, AMembersIdleTransactionDoesNotStallAWorkersCommitWithoutAScheduler) {
-  std::string home = (std::filesystem::temp_directory_path() /
-                      ("trnflow-lockguard-" + std::to_string(getpid()))).string();
+  std::string home =
+      (std::filesystem::temp_directory_path() / ("trnflow-lockguard-" + std::to_string(getpid())))
+          .string();
   MembersIdleTransactionDoesNotStallAWorkersCommit([home] {
     workers::WorkerOptions o;
     o.database_url = TestDatabase::url();
