@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -28,23 +29,20 @@ bool Serves(const schema::LiveWorker& w, const std::string& project) {
          std::find(w.projects.begin(), w.projects.end(), project) != w.projects.end();
 }
 
-// Live workers that may take stages of `run_id` (not those running another run only), of
-// `project` (not those reserved for other projects; any when empty).
-std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id,
-                                           const std::string& project = "") {
+// Live workers that may take stages of `run_id` (not those running another run only).
+std::vector<schema::LiveWorker> WorkersFor(schema::Catalog& catalog, int64_t run_id) {
   std::vector<schema::LiveWorker> out;
   for (auto& w : catalog.LiveWorkers(kLiveWorkerAge))
-    if ((w.only_run == 0 || w.only_run == run_id) && w.heartbeat_age_s <= w.lease_s &&
-        (project.empty() || Serves(w, project)))
+    if ((w.only_run == 0 || w.only_run == run_id) && w.heartbeat_age_s <= w.lease_s)
       out.push_back(std::move(w));
   return out;
 }
 
 // "; 2 live worker(s) with a trn1 pool serve only other projects (--project)", or "".
-std::string ReservedElsewhere(schema::Catalog& catalog, int64_t run_id, const std::string& pool,
-                              const std::string& project) {
+std::string ReservedElsewhere(const std::vector<schema::LiveWorker>& workers,
+                              const std::string& pool, const std::string& project) {
   int n = 0;
-  for (const auto& w : WorkersFor(catalog, run_id))
+  for (const auto& w : workers)
     if (!Serves(w, project) && w.pools.count(pool)) ++n;
   if (n == 0) return "";
   return "; " + std::to_string(n) + " live worker(s) with a " + pool +
@@ -130,10 +128,13 @@ std::vector<Reason> Explain(schema::Catalog& catalog, int64_t run_id, const sche
       out.push_back({"budget", "its budget holds it back: " + w.last_message});
   } else if (w.state == kReady) {
     if (auto gone = HolderGone(catalog, run_id)) out.push_back({"gone", *gone});
-    auto workers = WorkersFor(catalog, run_id, w.project);
+    auto live = WorkersFor(catalog, run_id);
+    std::vector<schema::LiveWorker> workers;  // those that serve the stage's project
+    std::copy_if(live.begin(), live.end(), std::back_inserter(workers),
+                 [&](const schema::LiveWorker& x) { return Serves(x, w.project); });
     std::string none = NoWorkerFor(workers, w.pool, w.instance_count);
     if (!none.empty()) {
-      out.push_back({"worker", none + ReservedElsewhere(catalog, run_id, w.pool, w.project)});
+      out.push_back({"worker", none + ReservedElsewhere(live, w.pool, w.project)});
     } else {
       int capacity = 0, used = 0;
       for (const auto& wk : workers)

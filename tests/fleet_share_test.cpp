@@ -301,6 +301,30 @@ TEST_F(FleetShare, TheLeversWorkFromTheCommandLine) {
   auto w = RunTrnflow("worker --pool cpu=1 --project fs-cli-nope");
   EXPECT_EQ(w.exit_code, 2) << w.err;
   EXPECT_NE(w.err.find("no such project"), std::string::npos) << w.err;
+
+  // A real worker reserved for another project: listed with its project, it takes none of
+  // fs-cli-a's stages, and explain says why none of the live cpu workers serves them.
+  ASSERT_EQ(RunTrnflow("project add fs-cli-other").exit_code, 0);
+  Daemon reserved("fs-reserved", {"worker", "--pool", "cpu=2", "--project", "fs-cli-other"},
+                  {"TRNFLOW_HOME=" + testing::CliHome()});
+  reserved.Start();
+  ASSERT_TRUE(testing::WaitFor(
+      [] {
+        auto ls = RunTrnflow("workers --format json");
+        for (const auto& x : nlohmann::json::parse(ls.out.empty() ? "[]" : ls.out))
+          if (x["projects"] == nlohmann::json{"fs-cli-other"}) return true;
+        return false;
+      },
+      20));
+  why = RunTrnflow("explain " + std::to_string(run) + " \"s[i=3]\"");
+  EXPECT_NE(why.out.find("1 live worker(s) with a cpu pool serve only other projects"),
+            std::string::npos)
+      << why.out << why.err;
+  EXPECT_EQ(testing::Query("SELECT count(*) FROM trnflow.stages WHERE run_id = " +
+                           std::to_string(run) + " AND state = 'ready'"),
+            "2")
+      << "the reserved worker took another project's stages";
+  reserved.Kill(9);
 }
 
 // The scenario with the real daemons: a worker process with four cpu slots and a scheduler; a
