@@ -566,7 +566,7 @@ TEST_F(SandboxTest, AnAttemptsProcessCountIsCappedByItsCgroup) {
   auto ctx = Job("forker", kProjectA, 31, "");
   ctx.spec.command.argv = {"sh", "-c",
                            "i=0; while [ $i -lt 60 ]; do echo $i > \"$TRNFLOW_RUN_DIR/started\"; "
-                           "sleep 30 & i=$((i+1)); done"};
+                           "sleep 31.25 & i=$((i+1)); done"};
   ctx.limits.tasks = 24;
   ExecResult r = Run(ctx);
   std::string log = ReadFile(ctx.log_path);
@@ -576,7 +576,9 @@ TEST_F(SandboxTest, AnAttemptsProcessCountIsCappedByItsCgroup) {
   int started = std::stoi("0" + ReadFile(ctx.run_dir + "/started"));
   EXPECT_LT(started, 24) << log;
   EXPECT_GE(started, 10) << log;
-  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 30"), std::vector<pid_t>{});
+  // 31.25 s: no other test's job sleeps that long ("sleep 30" also matched the "sleep 300.5"
+  // of NothingTheJobStartsOutlivesTheAttempt, the same uid, when ctest ran both at once).
+  EXPECT_EQ(ProcessesOf(kProjectA, "sleep 31.25"), std::vector<pid_t>{});
 }
 
 // Without namespaces (a worker whose bwrap is missing would refuse; this is --no-sandbox's
